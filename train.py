@@ -37,7 +37,7 @@ HELP = {
     "beta2": "AdamW beta2",
     "grad_clip": "clip the gradient norm to this (0: off)",
     "seed": "random seed",
-    "device": "cpu, cuda, cuda:N or mps (default: the best available)",
+    "device": "cpu, cuda, cuda:N or mps",
     "compile": "torch.compile the model",
 }
 
@@ -55,7 +55,7 @@ def main():
     cpu = gpt.TrainConfig()
     for field in dataclasses.fields(gpt.TrainConfig):
         default = getattr(cpu, field.name)
-        shown = repr(default) if default != "" else "auto"
+        shown = repr(default) if default != "" else "the best available"
         if field.name in gpt.CUDA_DEFAULTS:
             shown += f", on CUDA {gpt.CUDA_DEFAULTS[field.name]!r}"
         kind = {bool: dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")}.get(field.type, dict(type=field.type))
