@@ -383,7 +383,8 @@ def configure_optimizer(model, learning_rate, weight_decay, beta2, device_type="
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=device_type == "cuda" or None)
+    # The fused kernel updates every tensor in one pass; it exists for CUDA and CPU.
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=device_type in ("cuda", "cpu"))
 
 
 def lr_at(tc, it, elapsed):
@@ -406,12 +407,14 @@ def train_step(model, optimizer, batches, grad_clip=0.0, scaler=None, amp=nullco
             loss = loss / len(batches)
             (scaler.scale(loss) if scaler else loss).backward()
     if scaler:
-        scaler.unscale_(optimizer)
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     if grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer) if scaler else optimizer.step()
     if scaler:
+        scaler.step(optimizer)  # skipped when fp16 overflowed; the scale then shrinks
         scaler.update()
+    else:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach() * len(batches)
 
@@ -434,7 +437,8 @@ def estimate_loss(model, splits, tc, block_size, generator, device, amp):
 
 
 def train(tc, log=print):
-    """Trains as tc says, writing out_dir/ckpt.pt; returns the logged losses. Under torchrun, runs data-parallel."""
+    """Trains as tc says, writing out_dir/ckpt.pt; returns the model and the logged losses {"train": [(iter, loss)],
+    "val": [...]}. Under torchrun, runs data-parallel."""
     ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1
     device = get_device(tc.device)
     if not ddp:
@@ -523,7 +527,7 @@ def _train(tc, device, rank, world, log):
     old_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True)) if catch else None
     history = {"train": [], "val": []}
     tokens_per_step = tc.batch_size * config.block_size * tc.grad_accum * world
-    log(f"{raw_model.num_params() / 1e6:.2f}M parameters on {device}, {tokens_per_step} tokens per step")
+    log(f"{raw_model.num_params() / 1e6:.2f}M parameters on {device}" + (f", {world} processes" if world > 1 else ""))
     try:
         t_start, elapsed_before = time.time(), elapsed
         t_last, it_last = t_start, it
@@ -547,13 +551,13 @@ def _train(tc, device, rank, world, log):
                 history["train"].append((it, lossf))
                 dt = (time.time() - t_last) / (it - it_last)
                 left = tc.max_time - elapsed if tc.max_time else (tc.max_iters - it) * dt
-                log(f"iter {it}/{tc.max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {dt * 1000:.1f} ms/iter | "
-                    f"{tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
+                log(f"iter {it}/{tc.max_iters} | loss {lossf:.4f} | lr {lr:.2e} | {tokens_per_step} tok/step | "
+                    f"{dt * 1000:.1f} ms/iter | {tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
                 t_last, it_last = time.time(), it
             if stop == 2:
                 save()
                 log(f"interrupted: saved iteration {it} to {ckpt_path}; continue with --resume")
-                return history
+                return raw_model, history
             if stop:
                 break
             if it % tc.eval_interval == 0 and it < tc.max_iters:
@@ -575,4 +579,4 @@ def _train(tc, device, rank, world, log):
         with amp:
             sample = raw_model.generate(prompt, 300, temperature=0.8, generator=torch.Generator(device).manual_seed(0))
         log("sample:\n" + tokenizer.decode(sample[0, 1:].tolist()))
-    return history
+    return raw_model, history

@@ -2,6 +2,7 @@
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -180,7 +181,7 @@ def test_device_selection():
 
 # ---------------------------------------------------------------------------------------------------- checkpoints and training
 def test_training_writes_a_checkpoint_that_loads_with_identical_logits(tmp_path):
-    history = gpt.train(tiny_train_config(tmp_path), log=quiet)
+    _, history = gpt.train(tiny_train_config(tmp_path), log=quiet)
     assert [it for it, _ in history["train"]] == list(range(1, 9)) and len(history["val"]) == 2
     model, tok = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu")
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
@@ -208,7 +209,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path, monkeypatc
 
 def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
     tc = tiny_train_config(tmp_path, dropout=0.1)  # dropout: the resumed run must restore the RNG too
-    straight = gpt.train(replace(tc, out_dir=str(tmp_path / "straight")), log=quiet)
+    _, straight = gpt.train(replace(tc, out_dir=str(tmp_path / "straight")), log=quiet)
 
     real_get_batch, calls = gpt.get_batch, []
 
@@ -219,11 +220,11 @@ def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
         return real_get_batch(*args)
 
     monkeypatch.setattr(gpt, "get_batch", ctrl_c_in_step_six)
-    first = gpt.train(tc, log=quiet)
+    _, first = gpt.train(tc, log=quiet)
     assert [it for it, _ in first["train"]] == list(range(1, 7))
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 6
     monkeypatch.setattr(gpt, "get_batch", real_get_batch)
-    second = gpt.train(replace(tc, resume=True), log=quiet)
+    _, second = gpt.train(replace(tc, resume=True), log=quiet)
     assert first["train"] + second["train"] == straight["train"]
     assert second["val"] == straight["val"][1:]
 
@@ -242,7 +243,7 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 def test_every_architecture_trains(tmp_path, name):
     tc = tiny_train_config(tmp_path, max_iters=300, eval_interval=300, log_interval=10, learning_rate=6e-3,
                            batch_size=16, block_size=32, n_embd=32, **SWITCHES[name])
-    history = gpt.train(tc, log=quiet)
+    _, history = gpt.train(tc, log=quiet)
     start = math.log(len(set(TEXT)))  # the loss of a uniform guess, where training starts
     assert history["val"][-1][1] < start - 1.5, history
 
@@ -258,6 +259,37 @@ def test_gradient_accumulation_equals_one_big_batch():
                        grad_clip=1.0)
     for p, q in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+def ddp_worker(rank, world, port, tc, result_dir):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    model, history = gpt.train(tc, log=quiet)
+    torch.save({"model": model.state_dict(), "history": history}, os.path.join(result_dir, f"rank{rank}.pt"))
+
+
+def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(tmp_path):
+    tc = tiny_train_config(tmp_path, max_iters=10, eval_interval=10, log_interval=5, batch_size=16, block_size=32,
+                           n_embd=32, learning_rate=6e-3)
+    gpt.train(tc, log=quiet)  # a single-process checkpoint at iteration 10 ...
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ddp_tc = replace(tc, resume=True, max_iters=40, grad_accum=2)  # ... resumed by two processes, to 40
+    torch.multiprocessing.spawn(ddp_worker, args=(2, port, ddp_tc, str(tmp_path)), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    for name, p in ranks[0]["model"].items():
+        assert torch.equal(p, ranks[1]["model"][name]), name
+    losses = [loss for _, loss in ranks[0]["history"]["train"]]
+    assert [it for it, _ in ranks[0]["history"]["train"]] == [15, 20, 25, 30, 35, 40]
+    assert losses[-1] < losses[0] - 0.2, losses
+    assert os.listdir(tc.out_dir) == ["ckpt.pt"]  # rank 0 alone wrote, and no temporary file was left
+    model, _ = gpt.load_checkpoint(os.path.join(tc.out_dir, "ckpt.pt"), "cpu")  # no DDP prefixes in its names
+    for name, p in model.state_dict().items():
+        assert torch.equal(p, ranks[0]["model"][name]), name
+    _, history = gpt.train(replace(tc, resume=True, max_iters=42), log=quiet)  # and one process resumes it
+    assert [it for it, _ in history["train"]] == [42]
 
 
 # ---------------------------------------------------------------------------------------------------- command lines
