@@ -35,24 +35,27 @@ def native_bf16():
     return next((name for name in ("amx_bf16", "avx512_bf16") if name in flags), None)
 
 
-def median_time(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
+def median_time(fn, repeats, warmup=2, device=torch.device("cpu")):
+    def timed():
         t = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # GPU work is queued: wait for it before reading the clock
+        return time.perf_counter() - t
+
+    for _ in range(warmup):
+        timed()
+    return statistics.median(timed() for _ in range(repeats))
 
 
-def matmul_peaks(dtypes, n=1024, rounds=5):
-    a = {d: torch.randn(n, n).to(d) for d in dtypes}
+def matmul_peaks(dtypes, device, rounds=5):
+    n = 8192 if device.type == "cuda" else 1024
+    a = {d: torch.randn(n, n, device=device).to(d) for d in dtypes}
     times = {d: [] for d in dtypes}
     for _ in range(rounds):
         for d in dtypes:  # interleaved
-            times[d].append(median_time(lambda: a[d] @ a[d], repeats=10))
-    return {str(d).split(".")[1]: 2 * n ** 3 / statistics.median(times[d]) / 1e9 for d in dtypes}
+            times[d].append(median_time(lambda: a[d] @ a[d], repeats=10, device=device))
+    return n, {str(d).split(".")[1]: 2 * n ** 3 / statistics.median(times[d]) / 1e9 for d in dtypes}
 
 
 def flops_per_token(model):
@@ -63,7 +66,7 @@ def flops_per_token(model):
     return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
 
 
-def bench_training(shapes, peaks, rounds=5, steps=8):
+def bench_training(shapes, peaks, device, rounds=5, steps=8):
     """Median ms per optimizer step of each (name, TrainConfig, use_bf16) in shapes, timed in interleaved rounds."""
     runs = []
     for name, tc, bf16 in shapes:
@@ -71,18 +74,18 @@ def bench_training(shapes, peaks, rounds=5, steps=8):
         config = gpt.GPTConfig(vocab_size=65, block_size=tc.block_size, n_layer=tc.n_layer, n_head=tc.n_head,
                                n_embd=tc.n_embd, bias=tc.bias, tie_weights=tc.tie_weights, norm=tc.norm, pos=tc.pos,
                                mlp=tc.mlp)
-        model = gpt.GPT(config)
-        optimizer = gpt.configure_optimizer(model, tc.learning_rate, tc.weight_decay, tc.beta2)
+        model = gpt.GPT(config).to(device)
+        optimizer = gpt.configure_optimizer(model, tc.learning_rate, tc.weight_decay, tc.beta2, device.type)
         data = torch.randint(0, 65, (100_000,))
         gen = torch.Generator().manual_seed(0)
-        amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+        amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
         step = (lambda m=model, o=optimizer, t=tc, a=amp:
-                gpt.train_step(m, o, [gpt.get_batch(data, t.block_size, t.batch_size, gen, torch.device("cpu"))],
+                gpt.train_step(m, o, [gpt.get_batch(data, t.block_size, t.batch_size, gen, device)],
                                t.grad_clip, None, a))
         runs.append(dict(name=name, tc=tc, bf16=bf16, model=model, step=step, times=[]))
     for _ in range(rounds):
         for run in runs:
-            run["times"].append(median_time(run["step"], repeats=steps))
+            run["times"].append(median_time(run["step"], repeats=steps, device=device))
     rows = []
     for run in runs:
         tc, dt = run["tc"], statistics.median(run["times"])
@@ -94,19 +97,19 @@ def bench_training(shapes, peaks, rounds=5, steps=8):
     return rows
 
 
-def bench_sampling(new_tokens=200, rounds=3):
+def bench_sampling(device, new_tokens=200, rounds=3):
     """Tokens/s for new_tokens sampled until the context is full, with the KV cache and with a full forward per
     token as nanoGPT samples."""
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.GPTConfig(**SAMPLING)).eval()
-    prompt = torch.randint(0, 65, (1, SAMPLING["block_size"] - new_tokens))
+    model = gpt.GPT(gpt.GPTConfig(**SAMPLING)).to(device).eval()
+    prompt = torch.randint(0, 65, (1, SAMPLING["block_size"] - new_tokens), device=device)
 
     def with_cache():
-        model.generate(prompt, new_tokens, generator=torch.Generator().manual_seed(0))
+        model.generate(prompt, new_tokens, generator=torch.Generator(device).manual_seed(0))
 
     @torch.no_grad()
     def full_forward():
-        idx, gen = prompt, torch.Generator().manual_seed(0)
+        idx, gen = prompt, torch.Generator(device).manual_seed(0)
         for _ in range(new_tokens):
             logits, _ = model(idx[:, -SAMPLING["block_size"]:])
             next_id = torch.multinomial(logits[:, -1].softmax(-1), 1, generator=gen)
@@ -114,8 +117,8 @@ def bench_sampling(new_tokens=200, rounds=3):
 
     times = {"kv_cache": [], "full_forward": []}
     for _ in range(rounds):
-        times["kv_cache"].append(median_time(with_cache, repeats=1, warmup=1))
-        times["full_forward"].append(median_time(full_forward, repeats=1, warmup=0))
+        times["kv_cache"].append(median_time(with_cache, repeats=1, warmup=1, device=device))
+        times["full_forward"].append(median_time(full_forward, repeats=1, warmup=0, device=device))
     return {name: new_tokens / statistics.median(t) for name, t in times.items()}
 
 
@@ -159,26 +162,36 @@ def main():
     parser.add_argument("--quality", type=float, metavar="SECONDS",
                         help="instead: train the default CPU config this long and report its val loss")
     parser.add_argument("--data", default="input.txt", help="text for --quality (default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only "
+                                                        "(default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args()
-    figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads())
+    device = gpt.get_device(args.device)
+    figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads(),
+                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     if args.quality:
         q = figures["quality"] = bench_quality(args.quality, args.data)
         print(f"{q['seconds']:.0f} s of training on {q['data']}: {q['iters']} iterations, val loss {q['val_loss']:.4f}")
         print(q["report"])
     else:
-        bf16 = native_bf16()
+        cuda = device.type == "cuda"
+        bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else native_bf16()
         dtypes = [torch.float32] + ([torch.bfloat16] if bf16 else [])
-        peaks = figures["matmul_gflops"] = matmul_peaks(dtypes)
-        default, nano = gpt.TrainConfig(), gpt.TrainConfig(bias=False, **NANOGPT_CPU)
-        shapes = [(name, tc, use_bf16) for name, tc in (("default CPU", default), ("nanoGPT CPU recipe", nano))
+        n, peaks = matmul_peaks(dtypes, device)
+        figures["matmul_gflops"] = peaks
+        default = gpt.TrainConfig(**(gpt.CUDA_DEFAULTS if cuda else {}))
+        nano = gpt.TrainConfig(bias=False, norm="layernorm", pos="learned", mlp="gelu", **NANOGPT_CPU)
+        shapes = [(name, tc, use_bf16) for name, tc in ((f"default {device.type.upper()}", default),
+                                                        ("nanoGPT CPU recipe", nano))
                   for use_bf16 in ([False, True] if bf16 else [False])]
-        figures["training"] = bench_training(shapes, peaks)
-        figures["sampling_tokens_per_s"] = bench_sampling()
-        figures["twin_ms"] = bench_twin()
+        figures["training"] = bench_training(shapes, peaks, device)
+        figures["sampling_tokens_per_s"] = bench_sampling(device)
+        if not cuda:
+            figures["twin_ms"] = bench_twin()
 
-        print(f"torch {figures['torch']}, {figures['threads']} threads, native bf16: {bf16 or 'none found'}")
-        print("matmul peak (1024x1024): " + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
+        print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, "
+              f"native bf16: {bf16 or 'none found'}")
+        print(f"matmul peak ({n}x{n}): " + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
         print(f"\n{'training':30s} {'dtype':14s} {'params':>8s} {'ms/iter':>8s} {'tok/s':>8s} {'MFU':>6s}")
         for r in figures["training"]:
             print(f"{r['name']:30s} {r['dtype']:14s} {r['params'] / 1e6:7.2f}M {r['ms_per_iter']:8.1f} "
@@ -188,9 +201,10 @@ def main():
               f"({SAMPLING['n_layer']} layers, {SAMPLING['n_embd']} wide):")
         print(f"  KV cache {s['kv_cache']:.0f} tok/s, full forward per token {s['full_forward']:.0f} tok/s, "
               f"{s['kv_cache'] / s['full_forward']:.1f}x")
-        t = figures["twin_ms"]
-        print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
-              f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
+        t = figures.get("twin_ms")
+        if t:
+            print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
+                  f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)

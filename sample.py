@@ -39,6 +39,9 @@ def main():
                 for token in tokens:
                     print(tokenizer.decode(token[0].tolist()), end="", flush=True)
         print()
+    except KeyboardInterrupt:  # stop sampling without a traceback
+        print()
+        sys.exit(130)
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
 

@@ -14,7 +14,8 @@ HELP = {
     "out_dir": "folder of ckpt.pt, the checkpoint",
     "resume": "continue from out_dir/ckpt.pt; its model and characters are kept, training options come from here",
     "max_iters": "optimizer steps in all",
-    "max_time": "stop after this many seconds of wall time (0: no limit); the learning rate then decays over time",
+    "max_time": "train for this many seconds of wall time instead of max_iters (0: off); the learning rate then "
+                "decays over time",
     "eval_interval": "evaluate and save every this many steps",
     "eval_iters": "batches per evaluation",
     "log_interval": "print progress every this many steps",
@@ -65,6 +66,8 @@ def main():
         device = gpt.get_device(given.get("device", ""))
         defaults = gpt.CUDA_DEFAULTS if device.type == "cuda" else {}
         gpt.train(gpt.TrainConfig(**{**defaults, **given}))
+    except KeyboardInterrupt:  # outside the training loop, which saves and returns on its own
+        sys.exit(130)
     except (ValueError, OSError) as e:
         # Under torchrun every process meets the same error; one line of it is enough.
         sys.exit(f"error: {e}" if os.environ.get("RANK", "0") == "0" else 1)
