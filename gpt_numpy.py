@@ -400,7 +400,7 @@ def main(path="input.txt", seconds=60):
         _, loss = model.forward(*batch(data[:n]))
         optimizer.step(model.backward())
         step += 1
-        if step % 50 == 0:
+        if step % 250 == 0:
             print(f"step {step}: loss {loss:.3f} ({(time.time() - t0) / step * 1000:.0f} ms/step)", flush=True)
     val = np.mean([model.forward(*batch(data[n:]))[1] for _ in range(20)])
     print(f"val loss after {step} steps: {val:.3f}\nsample:")
