@@ -475,6 +475,10 @@ def _train(tc, device, rank, world, log):
         if len(split) <= config.block_size:
             raise ValueError(f"the {name} split of {tc.data} has {len(split)} characters, but one example needs "
                              f"block_size + 1 = {config.block_size + 1}: use a longer text or a smaller --block_size")
+    try:  # an unusable out_dir fails now, not at the first save
+        os.makedirs(tc.out_dir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot make the folder {tc.out_dir} ({e.strerror}): pass --out_dir a writable one") from None
     if ckpt is None:
         torch.manual_seed(tc.seed)  # the same initial weights on every rank
         model = GPT(config).to(device)
@@ -504,7 +508,6 @@ def _train(tc, device, rank, world, log):
 
     def save():
         if rank == 0:
-            os.makedirs(tc.out_dir, exist_ok=True)
             save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                              "config": asdict(config), "chars": tokenizer.chars, "iter": it, "best_val": best_val,
                              "elapsed": elapsed, "train_config": asdict(tc),

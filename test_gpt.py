@@ -341,13 +341,14 @@ def expect_one_line_error(capsys, run, match):
     (["--device", "tpu"], "unknown device"),
     (["--device", "cuda:7"], "not available"),
     (["--batch_size", "0"], "batch_size must be > 0"),
+    (["--out_dir", "DATA/out"], "pass --out_dir a writable one"),  # a folder inside a file
 ])
 def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, monkeypatch, capsys, flags, match):
     tc = tiny_train_config(tmp_path)
     gpt.train(tc, log=quiet)
     before = (tmp_path / "out" / "ckpt.pt").read_bytes()
     (tmp_path / "EMPTY").write_text("")
-    flags = [str(tmp_path / "EMPTY") if f == "EMPTY" else f for f in flags]
+    flags = [f.replace("EMPTY", str(tmp_path / "EMPTY")).replace("DATA", tc.data) for f in flags]
     expect_one_line_error(capsys, lambda: run_main(train, monkeypatch, "--data", tc.data, "--out_dir", tc.out_dir,
                                                    "--max_iters", "2", "--block_size", "16", *flags), match)
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
