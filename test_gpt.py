@@ -1,4 +1,5 @@
 """Tests for gpt.py, gpt_numpy.py, train.py and sample.py. Run: python -m pytest -q"""
+import ast
 import math
 import os
 import signal
@@ -43,6 +44,22 @@ def tiny_train_config(tmp_path, **overrides):
 
 def quiet(*args, **kwargs):
     pass
+
+
+# ---------------------------------------------------------------------------------------------------- files
+def test_imports_stand_alone_and_importing_does_nothing(tmp_path):
+    for name, allowed in (("gpt.py", {"torch"}), ("gpt_numpy.py", {"numpy"})):
+        tree = ast.parse(open(os.path.join(HERE, name), encoding="utf-8").read())
+        modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names}
+        modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert modules - sys.stdlib_module_names <= allowed, (name, modules)
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); state = lambda: (torch.get_default_dtype(), "
+            "torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32, torch.initial_seed()); "
+            "before = state(); import gpt; assert state() == before")
+    done = subprocess.run([sys.executable, "-c", code, HERE], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done.stderr
+    assert list(tmp_path.iterdir()) == []  # no file written
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer
