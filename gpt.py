@@ -356,7 +356,7 @@ class TrainConfig:
 
 # A GPU trains a larger model in minutes: these replace TrainConfig's CPU defaults when train.py runs on CUDA.
 CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.1,
-                     learning_rate=1e-3, min_lr=1e-4, eval_interval=500, eval_iters=100, log_interval=100)
+                     learning_rate=1e-3, min_lr=1e-4, eval_iters=100)
 
 
 def read_text(path):
