@@ -90,7 +90,7 @@ def rmsnorm_backward(dout, cache):
     xhat, rstd, w = cache
     g = dout * w
     dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))
-    return dx, (dout * xhat).sum(tuple(range(dout.ndim - 1)))
+    return dx, (dout * xhat).sum(tuple(range(dout.ndim - 1))), None  # no bias
 
 
 GELU_K = math.sqrt(2 / math.pi)
@@ -199,9 +199,8 @@ def crossentropy_forward(logits, targets):
 #   dx = (p - onehot(target)) / N
 def crossentropy_backward(dloss, cache):
     probs, targets = cache
-    dlogits = probs.copy()
-    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(probs, targets[..., None], axis=-1) - 1, axis=-1)
-    return dlogits * (dloss / targets.size)
+    onehot = np.eye(probs.shape[-1], dtype=probs.dtype)[targets]  # (B, T, vocab_size)
+    return (probs - onehot) * (dloss / targets.size)
 
 
 # ---------------------------------------------------------------------------------------------------- model
@@ -222,8 +221,8 @@ class GPT:
         return rmsnorm_forward(x, w) if self.config.norm == "rmsnorm" else layernorm_forward(x, w, b)
 
     def _norm_backward(self, dout, cache, name, grads):
-        dx, dw, *db = (rmsnorm_backward if self.config.norm == "rmsnorm" else layernorm_backward)(dout, cache)
-        self._accumulate(grads, name, dw, *db)
+        dx, dw, db = (rmsnorm_backward if self.config.norm == "rmsnorm" else layernorm_backward)(dout, cache)
+        self._accumulate(grads, name, dw, db)
         return dx
 
     def _linear_forward(self, x, name):
@@ -235,7 +234,7 @@ class GPT:
         return dx
 
     @staticmethod
-    def _accumulate(grads, name, dw, db=None):
+    def _accumulate(grads, name, dw, db):
         grads[name + ".weight"] += dw
         if db is not None:
             grads[name + ".bias"] += db
