@@ -9,14 +9,11 @@ figure is a median.
 """
 import argparse
 import json
-import math
-import os
 import statistics
 import tempfile
 import time
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 
 import gpt
