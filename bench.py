@@ -10,6 +10,7 @@ figure is a median.
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -208,4 +209,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as e:  # a bad --data or --device
+        sys.exit(f"error: {e}")
