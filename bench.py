@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 
@@ -77,7 +78,7 @@ def bench_training(shapes, peaks, device, rounds=5, steps=8):
         data = torch.randint(0, 65, (100_000,))
         gen = torch.Generator().manual_seed(0)
         amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-        step = (lambda m=model, o=optimizer, t=tc, a=amp:
+        step = (lambda m=torch.compile(model) if tc.compile else model, o=optimizer, t=tc, a=amp:
                 gpt.train_step(m, o, [gpt.get_batch(data, t.block_size, t.batch_size, gen, device)],
                                t.grad_clip, None, a))
         runs.append(dict(name=name, tc=tc, bf16=bf16, model=model, step=step, times=[]))
@@ -182,6 +183,7 @@ def main():
         shapes = [(name, tc, use_bf16) for name, tc in ((f"default {device.type.upper()}", default),
                                                         ("nanoGPT CPU recipe", nano))
                   for use_bf16 in ([False, True] if bf16 else [False])]
+        shapes.append((f"default {device.type.upper()} --compile", replace(default, compile=True), False))
         figures["training"] = bench_training(shapes, peaks, device)
         figures["sampling_tokens_per_s"] = bench_sampling(device)
         if not cuda:
