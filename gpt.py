@@ -289,7 +289,7 @@ def save_checkpoint(ckpt, path):
 
 def load_checkpoint(path, device=None):
     """Returns (model, tokenizer) from a checkpoint, the model on device (default: the best here), in eval mode."""
-    model, tokenizer, _ = _load(path, get_device(device) if isinstance(device, str) or device is None else device)
+    model, tokenizer, _ = _load(path, get_device(str(device or "")))
     return model.eval(), tokenizer
 
 
