@@ -550,7 +550,7 @@ def _train(tc, device, rank, world, log):
                 flag = torch.tensor([stop], device=device)
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 stop = flag.item()
-            last = stop or it == tc.max_iters and not tc.max_time
+            last = stop or (it == tc.max_iters and not tc.max_time)
             if it % tc.log_interval == 0 or last:
                 lossf = loss.item()
                 check_finite(lossf, "training")
