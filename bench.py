@@ -14,12 +14,12 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import replace
 
 import torch
 
 import gpt
 import gpt_numpy
+import train
 
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)  # nanoGPT's CPU recipe
 SAMPLING = dict(vocab_size=65, n_layer=6, n_head=6, n_embd=384, block_size=256)  # nanoGPT's shakespeare_char model
@@ -61,14 +61,21 @@ def flops_per_token(model):
     """6 per weight for forward and backward through every matmul (the LM head's included, even when tied), plus
     attention's scores and weighted sum: 12 * n_layer * n_embd * block_size."""
     c = model.config
-    n = model.num_params(non_embedding=True) + (c.vocab_size * c.n_embd if c.tie_weights else 0)
+    n = sum(p.numel() for p in model.parameters()) - (0 if c.tie_weights else c.vocab_size * c.n_embd)
+    n -= c.block_size * c.n_embd if c.pos == "learned" else 0
     return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+def get_batch(data, block_size, batch_size, generator, device):
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+    xy = torch.stack([data[i:i + block_size + 1] for i in ix.tolist()]).to(device)
+    return xy[:, :-1], xy[:, 1:]
 
 
 def bench_training(shapes, peaks, device, rounds=5, steps=8):
     """Median ms per optimizer step of each (name, TrainConfig, use_bf16) in shapes, timed in interleaved rounds."""
     runs = []
-    for name, tc, bf16 in shapes:
+    for name, tc, bf16, compile in shapes:
         torch.manual_seed(0)
         config = gpt.GPTConfig(vocab_size=65, block_size=tc.block_size, n_layer=tc.n_layer, n_head=tc.n_head,
                                n_embd=tc.n_embd, bias=tc.bias, tie_weights=tc.tie_weights, norm=tc.norm, pos=tc.pos,
@@ -78,8 +85,8 @@ def bench_training(shapes, peaks, device, rounds=5, steps=8):
         data = torch.randint(0, 65, (100_000,))
         gen = torch.Generator().manual_seed(0)
         amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-        step = (lambda m=torch.compile(model) if tc.compile else model, o=optimizer, t=tc, a=amp:
-                gpt.train_step(m, o, [gpt.get_batch(data, t.block_size, t.batch_size, gen, device)],
+        step = (lambda m=torch.compile(model) if compile else model, o=optimizer, t=tc, a=amp:
+                gpt.train_step(m, o, [get_batch(data, t.block_size, t.batch_size, gen, device)],
                                t.grad_clip, None, a))
         runs.append(dict(name=name, tc=tc, bf16=bf16, model=model, step=step, times=[]))
     for _ in range(rounds):
@@ -91,7 +98,8 @@ def bench_training(shapes, peaks, device, rounds=5, steps=8):
         tokens = tc.batch_size * tc.block_size / dt
         peak = peaks["bfloat16" if run["bf16"] else "float32"]
         rows.append(dict(name=run["name"], dtype="bf16 autocast" if run["bf16"] else "fp32",
-                         params=run["model"].num_params(), ms_per_iter=dt * 1000, tokens_per_s=tokens,
+                         params=sum(p.numel() for p in run["model"].parameters()), ms_per_iter=dt * 1000,
+                         tokens_per_s=tokens,
                          mfu=tokens * flops_per_token(run["model"]) / 1e9 / peak))
     return rows
 
@@ -100,7 +108,7 @@ def bench_sampling(device, new_tokens=200, rounds=3):
     """Tokens/s for new_tokens sampled until the context is full, with the KV cache and with a full forward per
     token as nanoGPT samples."""
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.GPTConfig(**SAMPLING)).to(device).eval()
+    model = gpt.GPT(gpt.GPTConfig(**SAMPLING, norm="layernorm", pos="learned", mlp="gelu", bias=True)).to(device).eval()
     prompt = torch.randint(0, 65, (1, SAMPLING["block_size"] - new_tokens), device=device)
 
     def with_cache():
@@ -123,7 +131,8 @@ def bench_sampling(device, new_tokens=200, rounds=3):
 
 def bench_twin(rounds=5):
     """One float32 forward+backward at nanoGPT's CPU-recipe shape: the NumPy twin against PyTorch."""
-    config = gpt.GPTConfig(vocab_size=65, bias=False, **{k: v for k, v in NANOGPT_CPU.items() if k != "batch_size"})
+    config = gpt.GPTConfig(vocab_size=65, norm="layernorm", pos="learned", mlp="gelu",
+                           **{k: v for k, v in NANOGPT_CPU.items() if k != "batch_size"})
     torch.manual_seed(0)
     model = gpt.GPT(config)
     twin = gpt_numpy.GPT(config, {n: p.detach().numpy().copy() for n, p in model.named_parameters()})
@@ -149,9 +158,10 @@ def bench_quality(seconds, data):
     """Trains the default CPU config for `seconds` of wall time; returns the final val loss."""
     lines = []
     with tempfile.TemporaryDirectory() as out_dir:
-        tc = gpt.TrainConfig(data=data, out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
+        tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                              eval_iters=100, device="cpu")
-        _, history = gpt.train(tc, log=lines.append)
+        trainer, _ = train.run(tc, train.read_text(data), log=lines.append)
+        history = dict(train=[(trainer.it, trainer.loss.item())], val=trainer.history["val"])
     return dict(seconds=seconds, data=data, iters=history["train"][-1][0], val_loss=history["val"][-1][1],
                 report=[line for line in lines if line.startswith("what context buys")][0])
 
@@ -178,12 +188,12 @@ def main():
         dtypes = [torch.float32] + ([torch.bfloat16] if bf16 else [])
         n, peaks = matmul_peaks(dtypes, device)
         figures["matmul_gflops"] = peaks
-        default = gpt.TrainConfig(**(gpt.CUDA_DEFAULTS if cuda else {}))
+        default = gpt.TrainConfig(**(train.CUDA_DEFAULTS if cuda else {}))
         nano = gpt.TrainConfig(bias=False, norm="layernorm", pos="learned", mlp="gelu", **NANOGPT_CPU)
-        shapes = [(name, tc, use_bf16) for name, tc in ((f"default {device.type.upper()}", default),
+        shapes = [(name, tc, use_bf16, False) for name, tc in ((f"default {device.type.upper()}", default),
                                                         ("nanoGPT CPU recipe", nano))
                   for use_bf16 in ([False, True] if bf16 else [False])]
-        shapes.append((f"default {device.type.upper()} --compile", replace(default, compile=True), False))
+        shapes.append((f"default {device.type.upper()} --compile", default, False, True))
         figures["training"] = bench_training(shapes, peaks, device)
         figures["sampling_tokens_per_s"] = bench_sampling(device)
         if not cuda:

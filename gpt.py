@@ -1,119 +1,125 @@
-"""A GPT in one file: character tokenizer, model, sampling with a KV cache, training loop and checkpoints.
-
-Needs only PyTorch. Importing it does nothing, so it can be copied into any project.
-"""
+"""A GPT in one file, needing only torch; importing it does nothing: tokenizer, model, sampling, training, saving."""
 import math
 import os
-import signal
-import threading
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 
-# ---------------------------------------------------------------------------------------------------- tokenizer
 class CharTokenizer:
     """One token per distinct character: no merges to learn, and every text it saw round-trips exactly."""
 
     def __init__(self, chars):
         self.chars = "".join(sorted(set(chars)))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
-
-    @property
-    def vocab_size(self):
-        return len(self.chars)
+        self.vocab_size = len(self.chars)
 
     def encode(self, text):
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
-            raise ValueError(f"characters not in the vocabulary: {''.join(unknown)!r}; "
-                             f"use only characters of the training text")
+            raise ValueError(f"characters not in the vocabulary: {''.join(unknown)!r}; use those of the training text")
         return [self.stoi[c] for c in text]
 
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
 
 
-# ---------------------------------------------------------------------------------------------------- model
+# The range [low, high) of every number in GPTConfig and TrainConfig: NaN fails both comparisons and inf the second.
+LIMITS = {**dict.fromkeys(["vocab_size", "block_size", "n_layer", "n_head", "n_embd", "max_iters", "eval_interval",
+                           "eval_iters", "batch_size", "grad_accum"], (1, math.inf)),
+          **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"], (0, math.inf)),
+          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32)}
+CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu")}  # GPT-2's second
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int = 65
-    block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    dropout: float = 0.0
-    bias: bool = True
-    tie_weights: bool = True
-    norm: str = "layernorm"  # or "rmsnorm"
-    pos: str = "learned"     # or "rope"
-    mlp: str = "gelu"        # or "swiglu"
+    """The model. The defaults, a Llama-style block, gave the lowest val loss in 3 CPU minutes of those tried."""
+    vocab_size: int = 65  # distinct characters: set by the training text
+    block_size: int = 128  # context length in characters
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads
+    n_embd: int = 128  # width of the residual stream
+    dropout: float = 0.0  # dropout probability
+    bias: bool = False  # biases in linear layers and LayerNorm
+    tie_weights: bool = True  # share the token embedding with the output layer
+    norm: str = "rmsnorm"  # rmsnorm or layernorm (GPT-2's)
+    pos: str = "rope"  # rope (rotary) or learned (GPT-2's position embeddings)
+    mlp: str = "swiglu"  # swiglu or gelu (GPT-2's)
 
-    def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}): change one of them")
-        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"rope rotates pairs of channels, so the head size n_embd/n_head "
-                             f"({self.n_embd // self.n_head}) must be even: change n_embd or n_head")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("pos", ("learned", "rope")),
-                              ("mlp", ("gelu", "swiglu"))):
+    def __post_init__(self):  # TrainConfig's too
+        for name, (low, high) in LIMITS.items():
+            if hasattr(self, name) and not low <= getattr(self, name) < high:
+                raise ValueError(f"{name} must be in [{low}, {high}), got {getattr(self, name)}")
+        if self.n_embd % (2 * self.n_head if self.pos == "rope" else self.n_head):  # rope turns pairs of channels
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head, and of 2 n_head with rope")
+        for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
 
 
 def Norm(config):
-    return nn.RMSNorm(config.n_embd, eps=1e-5) if config.norm == "rmsnorm" else \
-        nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-5)  # LayerNorm's eps: RMSNorm's own default depends on the dtype
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
 def rope_tables(config):
     hs = config.n_embd // config.n_head
-    # Channel pair i turns by pos * 10000^(-2i/hs): fast pairs tell near positions apart, slow pairs far ones.
+    # Channels j and j + hs/2 turn by pos * 10000^(-2j/hs): fast pairs tell near positions apart, slow pairs far ones.
     inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
-    angles = torch.outer(torch.arange(config.block_size, dtype=torch.float64), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)  # (block_size, hs): channel j pairs with channel j + hs/2
-    return angles.cos().float(), angles.sin().float()
+    angles = torch.outer(torch.arange(config.block_size, dtype=torch.float64), inv_freq).repeat(1, 2)  # (bs, hs)
+    return torch.stack([angles.cos(), angles.sin()]).float()  # (2, block_size, hs): cos, sin
 
 
-def apply_rope(x, cos, sin):
+def rope_forward(x, cos, sin):
     # Rotating q and k by angles proportional to their positions makes q.k depend only on their distance.
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-class CausalSelfAttention(nn.Module):
+class KVCache:
+    """Each layer's keys and values so far, written in place: torch.cat would copy the whole cache for every token."""
+
     def __init__(self, config):
+        self.n_layer, self.block_size, self.k, self.v, self.pos = config.n_layer, config.block_size, None, None, 0
+
+    def update(self, layer, k, v):
+        if self.k is None:  # typed and placed as the first keys are, under autocast too
+            self.k = k.new_empty(self.n_layer, *k.shape[:2], self.block_size, k.size(3))  # (n_layer, B, nh, bs, hs)
+            self.v = torch.empty_like(self.k)
+        start, end = self.pos, self.pos + k.size(2)  # pos: the positions already filled
+        self.k[layer, :, :, start:end], self.v[layer, :, :, start:end] = k, v  # k, v: (B, nh, T, hs)
+        if layer == self.n_layer - 1:  # the last layer moves every layer on
+            self.pos = end
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, end, hs)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer):
         super().__init__()
-        self.n_head, self.dropout = config.n_head, config.dropout
+        self.n_head, self.dropout, self.layer = config.n_head, config.dropout, layer
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope=None, kv=None):
+    def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if kv is not None:  # sampling: this step's keys and values join those of the tokens before it
-            if kv:
-                k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
-            kv[:] = [k, v]
+            qkv = torch.cat([rope_forward(qkv[:2], *rope), qkv[2:]])  # q and k turn, v does not
+        q, k, v = qkv.unbind(0)  # (B, nh, T, hs) each
+        if cache is not None:  # sampling: the earlier positions' keys and values join this step's
+            k, v = cache.update(self.layer, k, v)  # (B, nh, positions so far, hs)
         # Scores are scaled by 1/sqrt(hs) so their spread, and so softmax's sharpness, does not grow with head size.
         # is_causal sets each query's scores for later keys to -inf, which softmax turns into weight 0. One new token
         # attending to a cache is the last position: it may see every key, and needs no mask.
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=T > 1)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh * hs): the heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -124,13 +130,12 @@ class MLP(nn.Module):
         # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units keep its size that of the 4x GELU MLP.
         hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
         self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.swiglu else hidden, bias=config.bias)  # gate, up
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.c_proj, self.dropout = nn.Linear(hidden, config.n_embd, bias=config.bias), nn.Dropout(config.dropout)
 
     def forward(self, x):
-        h = self.c_fc(x)
+        h = self.c_fc(x)  # (B, T, 2 * hidden) for SwiGLU, else (B, T, hidden)
         if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
+            gate, up = h.chunk(2, dim=-1)  # (B, T, hidden) each
             h = F.silu(gate) * up
         else:
             h = F.gelu(h, approximate="tanh")  # the tanh form, as GPT-2 was trained with
@@ -138,32 +143,27 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, layer):
         super().__init__()
-        self.ln_1, self.attn = Norm(config), CausalSelfAttention(config)
+        self.ln_1, self.attn = Norm(config), CausalSelfAttention(config, layer)
         self.ln_2, self.mlp = Norm(config), MLP(config)
 
-    def forward(self, x, rope=None, kv=None):
+    def forward(self, x, rope=None, cache=None):
         # Pre-norm: the residual stream itself is never normalised, so gradients reach the first layers undamped.
-        x = x + self.attn(self.ln_1(x), rope, kv)
+        x = x + self.attn(self.ln_1(x), rope, cache)
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.config, self.tok_emb = config, nn.Embedding(config.vocab_size, config.n_embd)
         if config.pos == "learned":
             self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         else:  # not saved in checkpoints: they are recomputed from the config
-            cos, sin = rope_tables(config)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = Norm(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            self.register_buffer("rope", rope_tables(config), persistent=False)
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
+        self.ln_f, self.lm_head = Norm(config), nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             # One matrix reads tokens in and scores them out: fewer parameters, and each row learns from both uses.
             self.lm_head.weight = self.tok_emb.weight
@@ -176,216 +176,121 @@ class GPT(nn.Module):
                 std = 0.02 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj.weight") else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
 
-    def num_params(self, non_embedding=False):
-        """Parameters, a tied weight counted once; non_embedding leaves out the token and position tables."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.tok_emb.weight.numel() + (self.pos_emb.weight.numel() if self.config.pos == "learned" else 0)
-        return n
-
-    def forward(self, idx, targets=None, kv_cache=None):
-        B, T = idx.shape
-        start = kv_cache[0][0].size(2) if kv_cache and kv_cache[0] else 0  # positions already in the cache
+    def forward(self, idx, targets=None, cache=None):
+        T, start = idx.size(1), 0 if cache is None else cache.pos  # new positions, and those already in the cache
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than block_size ({self.config.block_size})")
         x = self.tok_emb(idx)  # (B, T, C)
-        rope = None
         if self.config.pos == "learned":
-            x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
-        else:
-            rope = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        x = self.drop(x)
-        for i, block in enumerate(self.blocks):
-            x = block(x, rope, None if kv_cache is None else kv_cache[i])
+            x = x + self.pos_emb.weight[start:start + T]  # (T, C), the same for every sequence
+        rope = self.rope[:, start:start + T] if self.config.pos == "rope" else None  # (2, T, hs): cos, sin
+        for block in self.blocks:
+            x = block(x, rope, cache)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
 
-    # ------------------------------------------------------------------------------------------------ sampling
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Extends idx (B, T) by max_new_tokens sampled tokens."""
         return torch.cat([idx, *self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator)], dim=1)
 
+    @torch.inference_mode()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
-        """Yields each sampled token (B, 1) as soon as it is drawn. Checks its arguments before the first."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if idx.size(1) == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        return self._stream(idx, max_new_tokens, temperature, top_k, top_p, generator)
-
-    @torch.no_grad()
-    def _stream(self, idx, max_new_tokens, temperature, top_k, top_p, generator):
-        block_size, kv_cache = self.config.block_size, None
+        """Yields each sampled token (B, 1) as soon as it is drawn; its arguments are checked before the first."""
+        if not (0 <= temperature < math.inf and (top_k is None or top_k >= 1) and (top_p is None or 0 < top_p <= 1)
+                and idx.size(1)):  # written so that NaN fails
+            raise ValueError(f"sampling takes temperature >= 0 (0: greedy), top_k >= 1, top_p in (0, 1] and a prompt "
+                             f"of 1 token or more; got {temperature}, {top_k}, {top_p} and {idx.size(1)} tokens")
+        block_size, cache, window = self.config.block_size, KVCache(self.config), idx[:, -self.config.block_size:]
         for _ in range(max_new_tokens):
-            if kv_cache is None or idx.size(1) > block_size:
-                # Past block_size the window slides: every cached key and value was computed at a position that has
-                # shifted, with a token now out of the window in view. So the cache is rebuilt from the last
-                # block_size tokens, and each such step costs a full forward pass, as in nanoGPT.
-                kv_cache = [[] for _ in self.blocks]
-                logits, _ = self(idx[:, -block_size:], kv_cache=kv_cache)
-            else:
-                logits, _ = self(idx[:, -1:], kv_cache=kv_cache)
-            logits = logits[:, -1, :].float()
+            logits = self(window, cache=cache)[0][:, -1, :].float()  # (B, vocab_size): the last position's
             if temperature == 0:
-                next_id = logits.argmax(dim=-1, keepdim=True)
+                next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
-                probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-                next_id = torch.multinomial(probs, 1, generator=generator)
-            idx = torch.cat([idx, next_id], dim=1)
+                # Less the max, temperature at least 1e-30 (float32 rounds less to 0): tiny ones tend to greedy, no NaN
+                logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, 1e-30)
+                probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
+                next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
             yield next_id
+            idx, window = torch.cat([idx, next_id], dim=1), next_id  # (B, T + 1); the cache holds the rest
+            if cache.pos == block_size:
+                # Past block_size the window slides: each cached key and value was computed at a position since shifted,
+                # with a token now out of view. So the window refills the cache: a full forward per token, as nanoGPT.
+                cache.pos, window = 0, idx[:, -block_size:]
 
 
 def filter_logits(logits, top_k=None, top_p=None):
-    """Sets to -inf every logit outside the top_k, then outside the nucleus: the fewest most likely tokens whose
-    probability reaches top_p. The most likely token always stays."""
+    """-inf for each logit outside the top_k, then outside the nucleus: the fewest likeliest tokens that reach top_p."""
     if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
+        probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
         drop = probs.cumsum(dim=-1) - probs >= top_p  # the tokens before this one already reach top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
 
-# ---------------------------------------------------------------------------------------------------- devices
 def get_device(name=""):
     """CUDA, else MPS, else CPU; a name ("cpu", "cuda:1", "mps") overrides, and must be usable here."""
-    if not name:
-        return torch.device("cuda" if torch.cuda.is_available() else
-                            "mps" if torch.backends.mps.is_available() else "cpu")
+    name = name or ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown device {name!r}: use cpu, cuda, cuda:N or mps") from None
-    usable = {"cpu": True, "cuda": torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count(),
-              "mps": torch.backends.mps.is_available()}
-    if not usable.get(device.type, False):
-        raise ValueError(f"device {name!r} is not available on this machine: use --device cpu, or leave it out")
-    return device
+        return torch.empty(0, device=name).device  # only a device this machine has can hold a tensor
+    except (RuntimeError, AssertionError):  # AssertionError: this PyTorch was built without CUDA
+        raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps") from None
 
 
 def autocast(device):
     """bf16 autocast on CUDA (fp16 on GPUs without bf16, which then needs a gradient scaler); fp32 elsewhere."""
-    if device.type != "cuda":
-        return nullcontext()
-    return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    return nullcontext() if device.type != "cuda" else \
+        torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
 
 
-# ---------------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(ckpt, path):
     """Writes a temporary file, then renames it over path: a crash mid-write leaves the old checkpoint whole."""
-    tmp = path + ".tmp"
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(ckpt, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    finally:  # a failed write or rename leaves no temporary file behind
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
 
 
 def load_checkpoint(path, device=None):
-    """Returns (model, tokenizer) from a checkpoint, the model on device (default: the best here), in eval mode."""
-    model, tokenizer, _ = _load(path, get_device(str(device or "")))
-    return model.eval(), tokenizer
+    """(model in eval mode on device, default the best here; tokenizer; the dict, with what a resumed run needs)"""
+    device = get_device(str(device or ""))
+    # weights_only: a checkpoint is read as tensors and plain data, so a downloaded one cannot run code.
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    tokenizer, model = CharTokenizer(ckpt["chars"]), GPT(GPTConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), tokenizer, ckpt
 
 
-def _load(path, device):
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path}: train one first with python train.py")
-    try:
-        # weights_only: a checkpoint is read as tensors and plain data, so a downloaded one cannot run code.
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-        tokenizer, model = CharTokenizer(ckpt["chars"]), GPT(GPTConfig(**ckpt["config"]))
-        if tokenizer.vocab_size != model.config.vocab_size:
-            raise ValueError(f"{tokenizer.vocab_size} characters for a vocabulary of {model.config.vocab_size}")
-        model.load_state_dict(ckpt["model"])
-    except Exception as e:
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}: {first_line}); "
-                         f"train a new one with python train.py") from None
-    return model.to(device), tokenizer, ckpt
-
-
-# ---------------------------------------------------------------------------------------------------- training
 @dataclass
-class TrainConfig:
-    """Every option of a training run. The defaults are the CPU ones: on 2 cores they train for about 3 minutes and
-    gave the lowest val loss in a fixed time of the settings tried (README)."""
-    data: str = "input.txt"
-    out_dir: str = "out"
-    resume: bool = False
-    max_iters: int = 4000
-    max_time: float = 0.0  # seconds of wall time; when set, it replaces max_iters as the length of training
-    eval_interval: int = 500
-    eval_iters: int = 50
-    log_interval: int = 100
-    batch_size: int = 8  # small batches: at a fixed time, more steps beat bigger ones
-    grad_accum: int = 1
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = False
-    tie_weights: bool = True
-    norm: str = "rmsnorm"
-    pos: str = "rope"
-    mlp: str = "swiglu"
-    learning_rate: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_iters: int = 100
-    weight_decay: float = 0.1
-    beta2: float = 0.99  # a shorter memory than the usual 0.999 suits small batches of characters
-    grad_clip: float = 1.0
-    seed: int = 1337
-    device: str = ""
-    compile: bool = False
-
-    def __post_init__(self):
-        for name in ("max_iters", "max_time", "warmup_iters", "weight_decay", "grad_clip", "min_lr"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("eval_interval", "eval_iters", "log_interval", "batch_size", "grad_accum", "learning_rate"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-
-
-# A GPU trains a larger model in minutes: these replace TrainConfig's CPU defaults when train.py runs on CUDA.
-CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.1,
-                     learning_rate=1e-3, min_lr=1e-4, eval_iters=100)
-
-
-def read_text(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the data file {path} ({e.strerror if isinstance(e, OSError) else e}): "
-                         f"pass --data PATH to a UTF-8 text file") from None
-    if not text:
-        raise ValueError(f"the data file {path} is empty: pass --data PATH to a text with something in it")
-    return text
-
-
-def get_batch(data, block_size, batch_size, generator, device):
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
-    xy = torch.stack([data[i:i + block_size + 1] for i in ix.tolist()])  # (B, T+1)
-    x, y = xy[:, :-1], xy[:, 1:]  # y is x shifted by one: every position predicts the next character
-    if device.type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+class TrainConfig(GPTConfig):
+    """The model's options, GPTConfig's, and the training's. The defaults train for about 3 minutes on 2 CPU cores."""
+    out_dir: str = "out"  # folder of ckpt.pt, the checkpoint ("" writes none)
+    max_iters: int = 4000  # optimizer steps in all
+    max_time: float = 0.0  # seconds of wall time to train instead of max_iters (0: off); the lr then decays over time
+    eval_interval: int = 500  # evaluate and save every this many steps
+    eval_iters: int = 50  # batches per split in an evaluation
+    batch_size: int = 8  # sequences per micro-batch: at a fixed time, many small steps beat fewer big ones
+    grad_accum: int = 1  # micro-batches per optimizer step
+    learning_rate: float = 3e-3  # peak learning rate
+    min_lr: float = 3e-4  # learning rate at the end of the cosine decay
+    warmup_iters: int = 100  # steps of linear warmup
+    weight_decay: float = 0.1  # AdamW weight decay, on matrices only
+    beta2: float = 0.99  # AdamW beta2: a shorter memory than the usual 0.999 suits small batches of characters
+    grad_clip: float = 1.0  # clip the gradient norm to this (0: off)
+    seed: int = 1337  # random seed
+    device: str = ""  # cpu, cuda, cuda:N or mps ("": the best available)
 
 
 def configure_optimizer(model, learning_rate, weight_decay, beta2, device_type="cpu"):
     # Decay pulls matrices (weights, embeddings) toward zero; on gains and biases it would only fight the norms.
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # The fused kernel updates every tensor in one pass; it exists for CUDA and CPU.
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=device_type in ("cuda", "cpu"))
 
 
@@ -398,192 +303,91 @@ def lr_at(tc, it, elapsed):
 
 
 def train_step(model, optimizer, batches, grad_clip=0.0, scaler=None, amp=nullcontext()):
-    """One optimizer step on the mean loss of equal-sized micro-batches (x, y); returns the last one's loss.
-    Under DDP, gradients are all-reduced once, on the last micro-batch."""
+    """One optimizer step on the mean loss of equal-sized micro-batches [(x, y), ...], each (B, T); returns it."""
+    scaler, mean_loss = scaler or torch.amp.GradScaler(enabled=False), 0.0  # a disabled scaler passes all through
     for i, (x, y) in enumerate(batches):
-        sync = model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) and i < len(batches) - 1 \
-            else nullcontext()
-        with sync:
+        with model.no_sync() if hasattr(model, "no_sync") and i < len(batches) - 1 else nullcontext():
             with amp:
-                _, loss = model(x, y)
-            loss = loss / len(batches)
-            (scaler.scale(loss) if scaler else loss).backward()
-    if scaler:
-        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                loss = model(x, y)[1] / len(batches)  # the micro-batches' gradients add up to the mean's
+            scaler.scale(loss).backward()
+        mean_loss += loss.detach()
+    scaler.unscale_(optimizer)  # clip the true gradients, not fp16's scaled ones
     if grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if scaler:
-        scaler.step(optimizer)  # skipped when fp16 overflowed; the scale then shrinks
-        scaler.update()
-    else:
-        optimizer.step()
+    scaler.step(optimizer)  # skipped when fp16 overflowed; the scale then shrinks
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach() * len(batches)
+    return mean_loss
 
 
-@torch.no_grad()
-def estimate_loss(model, splits, tc, block_size, generator, device, amp):
-    """Mean loss over eval_iters batches of each split; also the mean loss at each position of the val batches."""
-    model.eval()
-    out = {}
-    for name, data in splits.items():
-        losses = []
-        for _ in range(tc.eval_iters):
-            x, y = get_batch(data, block_size, tc.batch_size, generator, device)
-            with amp:
-                logits, _ = model(x)
-            losses.append(F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").mean(0))  # (T,)
-        out[name] = torch.stack(losses).mean(0)
-    model.train()
-    return {name: per_pos.mean().item() for name, per_pos in out.items()}, out["val"]
+class Trainer:
+    """A training run on a text: the model (new, or one given with its tokenizer), its AdamW, and where it stands."""
+
+    def __init__(self, tc, text, model=None, tokenizer=None, log=print):
+        self.tc, self.log, self.device = tc, log, get_device(tc.device)
+        self.tokenizer = tokenizer or CharTokenizer(text)
+        data = torch.tensor(self.tokenizer.encode(text))
+        n = int(0.9 * len(data))
+        self.splits = {"train": data[:n], "val": data[n:]}  # the last 10% is held out
+        torch.manual_seed(tc.seed)  # the initial weights, then dropout
+        config = {**{f.name: getattr(tc, f.name) for f in fields(GPTConfig)}, "vocab_size": self.tokenizer.vocab_size}
+        self.model = (model or GPT(GPTConfig(**config))).to(self.device)
+        if len(data) - n <= self.model.config.block_size:
+            raise ValueError(f"the text's last 10%, for validation, is too short for one block: give a longer text")
+        self.optimizer = configure_optimizer(self.model, tc.learning_rate, tc.weight_decay, tc.beta2, self.device.type)
+        self.generator = torch.Generator().manual_seed(tc.seed)  # the batches
+        self.amp = autocast(self.device)
+        self.scaler = torch.amp.GradScaler(enabled=getattr(self.amp, "fast_dtype", None) == torch.float16)
+        self.train_model = self.model  # what steps() runs: train.py may wrap it in torch.compile and DDP
+        self.it, self.elapsed, self.loss, self.history = 0, 0.0, None, {"train": [], "val": []}
+
+    def batch(self, split):
+        data, T = self.splits[split], self.model.config.block_size
+        ix = torch.randint(len(data) - T, (self.tc.batch_size,), generator=self.generator)
+        xy = torch.stack([data[i:i + T + 1] for i in ix.tolist()]).to(self.device, non_blocking=True)  # (B, T + 1)
+        return xy[:, :-1], xy[:, 1:]  # (B, T) each: y is x shifted by one, so each position predicts the next one
+
+    def done(self):
+        return self.elapsed >= self.tc.max_time if self.tc.max_time else self.it >= self.tc.max_iters
+
+    def steps(self):
+        """Trains; yields after each step, where the caller may log, check or stop, before it evaluates and saves."""
+        t_last = time.time()
+        while not self.done():
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr_at(self.tc, self.it, self.elapsed)
+            batches = [self.batch("train") for _ in range(self.tc.grad_accum)]
+            self.loss = train_step(self.train_model, self.optimizer, batches, self.tc.grad_clip, self.scaler, self.amp)
+            self.it, now = self.it + 1, time.time()
+            self.elapsed, t_last = self.elapsed + now - t_last, now  # wall time: evaluations count too
+            yield self
+            if self.it % self.tc.eval_interval == 0 or self.done():
+                self.evaluate()
+                self.save()
+
+    @torch.no_grad()
+    def evaluate(self):
+        self.model.eval()
+        for split in self.splits:
+            with self.amp:
+                loss = torch.stack([self.model(*self.batch(split))[1] for _ in range(self.tc.eval_iters)]).mean()
+            self.history[split].append((self.it, loss.item()))
+        self.model.train()
+        self.log(f"iter {self.it}: " + ", ".join(f"{split} loss {h[-1][1]:.4f}" for split, h in self.history.items()))
+
+    def save(self):
+        if self.tc.out_dir:
+            os.makedirs(self.tc.out_dir, exist_ok=True)
+            save_checkpoint({"model": self.model.state_dict(), "config": asdict(self.model.config),
+                             "chars": self.tokenizer.chars, "optimizer": self.optimizer.state_dict(), "iter": self.it,
+                             "elapsed": self.elapsed, "train_config": asdict(self.tc),
+                             "rng": {"torch": torch.get_rng_state(), "batches": self.generator.get_state()}},
+                            os.path.join(self.tc.out_dir, "ckpt.pt"))
 
 
-def train(tc, log=print):
-    """Trains as tc says, writing out_dir/ckpt.pt; returns the model and the logged losses {"train": [(iter, loss)],
-    "val": [...]}. Under torchrun, runs data-parallel."""
-    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1
-    device = get_device(tc.device)
-    if not ddp:
-        return _train(tc, device, 0, 1, log)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    try:
-        return _train(tc, device, rank, dist.get_world_size(), log if rank == 0 else lambda *a, **k: None)
-    finally:
-        dist.destroy_process_group()
-
-
-def _train(tc, device, rank, world, log):
-    ckpt_path = os.path.join(tc.out_dir, "ckpt.pt")
-    text = read_text(tc.data)
-    ckpt = None
-    if tc.resume:
-        model, tokenizer, ckpt = _load(ckpt_path, device)
-        config = model.config
-    else:
-        tokenizer = CharTokenizer(text)
-        config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=tc.block_size, n_layer=tc.n_layer,
-                           n_head=tc.n_head, n_embd=tc.n_embd, dropout=tc.dropout, bias=tc.bias,
-                           tie_weights=tc.tie_weights, norm=tc.norm, pos=tc.pos, mlp=tc.mlp)
-    data = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    n = int(0.9 * len(data))
-    splits = {"train": data[:n], "val": data[n:]}
-    for name, split in splits.items():
-        if len(split) <= config.block_size:
-            raise ValueError(f"the {name} split of {tc.data} has {len(split)} characters, but one example needs "
-                             f"block_size + 1 = {config.block_size + 1}: use a longer text or a smaller --block_size")
-    try:  # an unusable out_dir fails now, not at the first save
-        os.makedirs(tc.out_dir, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot make the folder {tc.out_dir} ({e.strerror}): pass --out_dir a writable one") from None
-    if ckpt is None:
-        torch.manual_seed(tc.seed)  # the same initial weights on every rank
-        model = GPT(config).to(device)
-    optimizer = configure_optimizer(model, tc.learning_rate, tc.weight_decay, tc.beta2, device.type)
-    generator = torch.Generator().manual_seed(tc.seed + rank)  # each rank draws its own batches
-    torch.manual_seed(tc.seed + rank)  # dropout
-    it, best_val, elapsed = 0, float("inf"), 0.0
-    if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        it, best_val, elapsed = ckpt["iter"], ckpt["best_val"], ckpt["elapsed"]
-        if rank == 0:
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            generator.set_state(ckpt["rng"]["batches"])
-        else:  # only rank 0's states were saved; the others start fresh streams that differ from rank 0's
-            generator.manual_seed(tc.seed + rank + 1_000_003 * it)
-        log(f"resuming from {ckpt_path} at iteration {it}, with its model: {config}")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    amp = autocast(device)
-    scaler = torch.amp.GradScaler("cuda") if device.type == "cuda" and not torch.cuda.is_bf16_supported() else None
-    raw_model = model  # what is saved: no compile or DDP wrapper names in the state dict
-    if tc.compile:
-        model = torch.compile(model)
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    def save():
-        if rank == 0:
-            save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "config": asdict(config), "chars": tokenizer.chars, "iter": it, "best_val": best_val,
-                             "elapsed": elapsed, "train_config": asdict(tc),
-                             "rng": {"torch": torch.get_rng_state(), "batches": generator.get_state()}}, ckpt_path)
-
-    def check_finite(loss, what):
-        if not math.isfinite(loss):
-            raise ValueError(f"the {what} loss is {loss} at iteration {it}: training diverged; lower --learning_rate "
-                             f"or raise --warmup_iters (the last good checkpoint in {tc.out_dir} is left as it was)")
-
-    def evaluate():
-        nonlocal best_val
-        losses, per_pos = estimate_loss(raw_model, splits, tc, config.block_size, generator, device, amp)
-        check_finite(losses["val"], "val")
-        best_val = min(best_val, losses["val"])
-        history["val"].append((it, losses["val"]))
-        log(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        return per_pos
-
-    interrupted = []  # Ctrl-C only raises this flag, so the step under way finishes and is saved whole
-    catch = threading.current_thread() is threading.main_thread()
-    old_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True)) if catch else None
-    history = {"train": [], "val": []}
-    tokens_per_step = tc.batch_size * config.block_size * tc.grad_accum * world
-    log(f"{raw_model.num_params() / 1e6:.2f}M parameters on {device}" + (f", {world} processes" if world > 1 else ""))
-    try:
-        t_start, elapsed_before = time.time(), elapsed
-        t_last, it_last = t_start, it
-        while (elapsed < tc.max_time) if tc.max_time else (it < tc.max_iters):
-            lr = lr_at(tc, it, elapsed)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batches = [get_batch(splits["train"], config.block_size, tc.batch_size, generator, device)
-                       for _ in range(tc.grad_accum)]
-            loss = train_step(model, optimizer, batches, tc.grad_clip, scaler, amp)
-            it += 1
-            elapsed = elapsed_before + time.time() - t_start
-            stop = 2 if interrupted else 1 if tc.max_time and elapsed >= tc.max_time else 0
-            if world > 1:  # every rank must stop at the same step, or the others wait forever in all-reduce
-                flag = torch.tensor([stop], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                stop = flag.item()
-            last = stop or (it == tc.max_iters and not tc.max_time)
-            if it % tc.log_interval == 0 or last:
-                lossf = loss.item()
-                check_finite(lossf, "training")
-                history["train"].append((it, lossf))
-                dt = (time.time() - t_last) / (it - it_last)
-                left = tc.max_time - elapsed if tc.max_time else (tc.max_iters - it) * dt
-                log(f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {lossf:.4f} | lr {lr:.2e} | "
-                    f"{tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | {tokens_per_step / dt / 1000:.1f}k tok/s | "
-                    f"ETA {max(left, 0) / 60:.1f} min")
-                t_last, it_last = time.time(), it
-            if stop == 2:
-                save()
-                log(f"interrupted: saved iteration {it} to {ckpt_path}; continue with --resume")
-                return raw_model, history
-            if stop:
-                break
-            if it % tc.eval_interval == 0 and not last:
-                if rank == 0:
-                    evaluate()
-                save()
-                t_last = time.time()  # keep the evaluation out of ms/iter
-        per_pos = evaluate() if rank == 0 else None
-        save()
-    finally:
-        if old_handler is not None:
-            signal.signal(signal.SIGINT, old_handler)
-    if rank == 0:
-        log(f"saved {ckpt_path} ({elapsed:.0f} s of training)")
-        log(f"what context buys: val loss {per_pos[0]:.3f} at position 0 (one character of context, all a bigram "
-            f"model has) against {per_pos[-1]:.3f} at position {len(per_pos) - 1}")
-        prompt = torch.tensor([tokenizer.encode("\n" if "\n" in tokenizer.stoi else text[0])], device=device)
-        raw_model.eval()
-        with amp:
-            sample = raw_model.generate(prompt, 300, temperature=0.8, generator=torch.Generator(device).manual_seed(0))
-        log("sample:\n" + tokenizer.decode(sample[0, 1:].tolist()))
-    return raw_model, history
+def train(tc, text, log=print):
+    """Trains a GPT on text as tc says, saving out_dir/ckpt.pt; returns it and its evaluations (history)."""
+    trainer = Trainer(tc, text, log=log)
+    for _ in trainer.steps():
+        pass
+    return trainer.model, trainer.history

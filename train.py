@@ -1,46 +1,48 @@
-"""Trains a GPT on a text file: python train.py [--option value ...]. See python train.py --help.
+"""Trains a GPT on a text file: python train.py [--option value ...]; python train.py --help lists every option.
+Data-parallel over GPUs or CPU processes: torchrun --standalone --nproc_per_node=N train.py [...]
 
-Runs data-parallel too: torchrun --standalone --nproc_per_node=N train.py [...]
+gpt.py holds the model and the training loop, gpt.Trainer.steps(). This file is the command line around that loop and
+what a long run needs: DDP, resuming, saving on Ctrl-C or SIGTERM, the NaN stop, progress lines with an ETA, and a
+closing report with a sample.
 """
 import argparse
 import dataclasses
+import inspect
+import math
 import os
+import re
+import signal
 import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 import gpt
 
-HELP = {
-    "data": "training text; its last 10%% is held out for validation",
-    "out_dir": "folder of ckpt.pt, the checkpoint",
-    "resume": "continue from out_dir/ckpt.pt; its model and characters are kept, training options come from here",
-    "max_iters": "optimizer steps in all",
-    "max_time": "train for this many seconds of wall time instead of max_iters (0: off); the learning rate then "
-                "decays over time",
-    "eval_interval": "evaluate and save every this many steps",
-    "eval_iters": "batches per evaluation",
-    "log_interval": "print progress every this many steps",
-    "batch_size": "sequences per micro-batch (per process under torchrun)",
-    "grad_accum": "micro-batches per optimizer step",
-    "block_size": "context length in characters",
-    "n_layer": "transformer blocks",
-    "n_head": "attention heads",
-    "n_embd": "width of the residual stream",
-    "dropout": "dropout probability",
-    "bias": "biases in linear layers and LayerNorm",
-    "tie_weights": "share the token embedding with the output layer",
-    "norm": "layernorm or rmsnorm",
-    "pos": "learned (positions as embeddings) or rope (rotary)",
-    "mlp": "gelu or swiglu",
-    "learning_rate": "peak learning rate",
-    "min_lr": "learning rate at the end of the cosine decay",
-    "warmup_iters": "steps of linear warmup",
-    "weight_decay": "AdamW weight decay, on matrices only",
-    "beta2": "AdamW beta2",
-    "grad_clip": "clip the gradient norm to this (0: off)",
-    "seed": "random seed",
-    "device": "cpu, cuda, cuda:N or mps",
-    "compile": "torch.compile the model",
-}
+# A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not given.
+CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.1,
+                     learning_rate=1e-3, min_lr=1e-4, eval_iters=100)
+STOPS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # save, then exit as a shell reports a process the signal ended
+MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "vocab_size"]  # kept on --resume
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's message on one line, without the usage block above it
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def number(kind, ok, rule):
+    """An argparse type: a number of that kind for which ok(number) holds, written so that NaN fails it."""
+    def parse(text):
+        value = kind(text)  # a ValueError here becomes argparse's own "invalid int value"
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def parse_bool(text):
@@ -51,26 +53,242 @@ def parse_bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def main():
-    parser = argparse.ArgumentParser(description="Train a character-level GPT; writes out_dir/ckpt.pt.")
-    cpu = gpt.TrainConfig()
-    for field in dataclasses.fields(gpt.TrainConfig):
-        default = getattr(cpu, field.name)
-        shown = repr(default) if default != "" else "the best available"
-        if field.name in gpt.CUDA_DEFAULTS:
-            shown += f", on CUDA {gpt.CUDA_DEFAULTS[field.name]!r}"
-        kind = {bool: dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")}.get(field.type, dict(type=field.type))
-        parser.add_argument(f"--{field.name}", default=None, help=f"{HELP[field.name]} (default: {shown})", **kind)
-    given = {name: value for name, value in vars(parser.parse_args()).items() if value is not None}
+def parse_args(argv=None):
+    """Returns this file's own options, and the TrainConfig options given as {name: value} (the rest keep defaults)."""
+    parser = Parser(description="Train a character-level GPT on a text; writes out_dir/ckpt.pt.")
+    parser.add_argument("--data", default="input.txt",
+                        help="training text, UTF-8; its last 10%% is held out for validation (default: %(default)s)")
+    flag = dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")  # --resume alone means --resume true
+    parser.add_argument("--resume", default=False, **flag,
+                        help="continue from out_dir/ckpt.pt, keeping its model and characters (default: %(default)s)")
+    parser.add_argument("--log_interval", type=number(int, lambda n: n >= 1, "at least 1"), default=100,
+                        help="print progress every this many steps (default: %(default)s)")
+    parser.add_argument("--compile", default=False, **flag,
+                        help="torch.compile the model: faster steps after compiling for a while (default: %(default)s)")
+    # The help of every other option is its comment in gpt.py, so it is written once, beside the option itself.
+    helps = dict(re.findall(r"^    (\w+): \w+ = .*?  # (.*)$", inspect.getsource(gpt.GPTConfig) +
+                            inspect.getsource(gpt.TrainConfig), re.M))
+    defaults = gpt.TrainConfig()
+    for field in dataclasses.fields(gpt.TrainConfig)[1:]:  # all but vocab_size, which the text sets
+        shown = repr(getattr(defaults, field.name)) + (f", on CUDA {CUDA_DEFAULTS[field.name]!r}"
+                                                        if field.name in CUDA_DEFAULTS else "")
+        text = f"{helps[field.name]} (default: {shown})".replace("%", "%%")
+        parser.add_argument(f"--{field.name}", help=text, **(flag if field.type is bool else dict(type=field.type)))
+    args = parser.parse_args(argv)
+    own = ("data", "resume", "log_interval", "compile")
+    return args, {name: value for name, value in vars(args).items() if value is not None and name not in own}
+
+
+def read_text(path):
     try:
-        device = gpt.get_device(given.get("device", ""))
-        defaults = gpt.CUDA_DEFAULTS if device.type == "cuda" else {}
-        gpt.train(gpt.TrainConfig(**{**defaults, **given}))
-    except KeyboardInterrupt:  # outside the training loop, which saves and returns on its own
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
+        raise ValueError(f"cannot read the data file {path} ({reason}): pass --data a UTF-8 text file") from None
+    if not text:
+        raise ValueError(f"the data file {path} is empty: pass --data PATH to a text with something in it")
+    return text
+
+
+def load(path, device=""):
+    """gpt.load_checkpoint, with one line that says what is wrong when path holds no checkpoint it can read."""
+    device = gpt.get_device(str(device))
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path}: train one first with python train.py")
+    try:
+        return gpt.load_checkpoint(path, device)
+    except Exception as e:
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}: {first_line}); "
+                         f"train a new one with python train.py") from None
+
+
+def default_prompt(tokenizer):
+    """A newline, where lines begin, if the training text had one; else its first character."""
+    return "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
+
+
+def printer(*args):
+    """print, but when stdout goes away (python train.py | head) training goes on without it."""
+    try:
+        print(*args, flush=True)
+    except OSError:  # BrokenPipeError, or a full disk: later prints, and the flush at exit, go to /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def distributed():
+    """(rank, local rank, world size) as torchrun sets them; (0, 0, 1) in a single process."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), world) if world > 1 else (0, 0, 1)
+    except (KeyError, ValueError):
+        raise ValueError(f"WORLD_SIZE is {os.environ.get('WORLD_SIZE')!r} without torchrun's RANK and LOCAL_RANK: "
+                         f"launch with torchrun --nproc_per_node=N train.py, or unset WORLD_SIZE") from None
+
+
+def check_out_dir(out_dir):
+    """An unusable --out_dir fails now, not at the first save after minutes of training."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise IsADirectoryError(0, "it is not a file")
+    except OSError as e:
+        raise ValueError(f"cannot write {path} ({e.strerror}): pass --out_dir a writable folder") from None
+
+
+def resume_state(trainer, ckpt, path, rank):
+    """Puts a resumed run where its checkpoint left it: AdamW's moments, the iteration, the clock, the random states."""
+    missing = [key for key in ("optimizer", "iter", "elapsed", "rng") if key not in ckpt]
+    if missing:
+        raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; train without --resume")
+    try:
+        trainer.optimizer.load_state_dict(ckpt["optimizer"])
+        trainer.it, trainer.elapsed = int(ckpt["iter"]), float(ckpt["elapsed"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        trainer.generator.set_state(ckpt["rng"]["batches"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{path} holds a training state that does not fit its model ({type(e).__name__}); "
+                         f"train without --resume") from None
+    if rank:  # only the first process's random states are saved: the others draw new streams of their own
+        trainer.generator.manual_seed(trainer.tc.seed + 1_000_003 * trainer.it)
+        torch.manual_seed(trainer.tc.seed + 1_000_003 * trainer.it)
+
+
+@torch.no_grad()
+def loss_by_position(trainer):
+    """Mean val loss at each position of eval_iters batches, (T,): what each character more of context buys."""
+    trainer.model.eval()
+    losses = []
+    for _ in range(trainer.tc.eval_iters):
+        x, y = trainer.batch("val")
+        with trainer.amp:
+            logits = trainer.model(x)[0].float()  # (B, T, vocab_size)
+        losses.append(F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(0))  # (T,)
+    return torch.stack(losses).mean(0)
+
+
+def run(tc, text, log=print, resume=False, log_interval=100, compile=False, given=()):
+    """Trains as tc says, around gpt.Trainer.steps(); under torchrun, data-parallel. Returns the trainer and the
+    signal that stopped it, or None when it ran to the end. given: the option names the user set, for --resume."""
+    rank, local_rank, world = distributed()
+    if world == 1:
+        return _run(tc, text, log, resume, log_interval, compile, given, 0, 1)
+    if gpt.get_device(tc.device).type == "cuda":
+        tc = dataclasses.replace(tc, device=f"cuda:{local_rank}")
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if tc.device.startswith("cuda") else "gloo")
+    try:
+        return _run(tc, text, log if rank == 0 else lambda *args: None, resume, log_interval, compile, given, rank,
+                    world)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(tc, text, log, resume, log_interval, compile, given, rank, world):
+    path = os.path.join(tc.out_dir, "ckpt.pt")
+    if tc.out_dir and rank == 0:
+        check_out_dir(tc.out_dir)
+    model = tokenizer = ckpt = None
+    if resume:
+        model, tokenizer, ckpt = load(path, tc.device)
+        ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
+                   if name in given and given[name] != getattr(model.config, name)]
+        if ignored:
+            log(f"--resume keeps the checkpoint's model, so these are ignored: {', '.join(ignored)}")
+        tc = dataclasses.replace(tc, **{name: getattr(model.config, name) for name in MODEL_OPTIONS})
+    # Each process draws its own batches; DDP starts every copy of the model from the first process's weights.
+    trainer = gpt.Trainer(dataclasses.replace(tc, seed=tc.seed + rank, out_dir=tc.out_dir if rank == 0 else ""),
+                          text, model and model.train(), tokenizer, log)
+    if ckpt:
+        resume_state(trainer, ckpt, path, rank)
+        log(f"resuming {path} at iteration {trainer.it}")
+    cuda = trainer.device.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if compile:
+        trainer.train_model = torch.compile(trainer.train_model)
+    if world > 1:
+        trainer.train_model = torch.nn.parallel.DistributedDataParallel(
+            trainer.train_model, device_ids=[trainer.device.index] if cuda else None)
+    caught = []  # a signal only raises this flag, so the step under way finishes and is saved whole
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in STOPS}
+    tokens_per_step = tc.batch_size * trainer.model.config.block_size * tc.grad_accum * world
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    log(f"{n_params / 1e6:.2f}M parameters on {trainer.device}" + (f", {world} processes" if world > 1 else ""))
+    t_prev = t_log = time.time()
+    it_log, timed, timed_steps = trainer.it, 0.0, 0  # the steps' own time since the last line, evaluations left out
+    try:
+        for _ in trainer.steps():
+            now, it = time.time(), trainer.it
+            if (it - 1) % tc.eval_interval:  # the step before this one was not followed by an evaluation
+                timed, timed_steps = timed + now - t_prev, timed_steps + 1
+            t_prev = now
+            stop = max(caught, default=0)
+            if world > 1:  # every process must stop at the same step, and read the same clock, or the rest wait
+                flags = torch.tensor([stop, trainer.elapsed], dtype=torch.float64, device=trainer.device)
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                stop, trainer.elapsed = int(flags[0]), flags[1].item()
+            last = stop or trainer.done()
+            if it % log_interval == 0 or it % tc.eval_interval == 0 or last:  # and before every save
+                loss = trainer.loss.item()
+                if not math.isfinite(loss):
+                    raise ValueError(f"the training loss is {loss} at iteration {it}: training diverged; lower "
+                                     f"--learning_rate or raise --warmup_iters (the last good checkpoint in "
+                                     f"{tc.out_dir} is left as it was)")
+            if it % log_interval == 0 or last:
+                dt = max(timed / timed_steps if timed_steps else (now - t_log) / max(1, it - it_log), 1e-9)
+                left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
+                log(f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
+                    f"{trainer.optimizer.param_groups[0]['lr']:.2e} | {tokens_per_step} tok/step | {dt * 1000:.1f} "
+                    f"ms/iter | {tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
+                t_log, it_log, timed, timed_steps = now, it, 0.0, 0
+            if stop:
+                trainer.save()
+                log(f"{signal.Signals(stop).name}: saved iteration {it} to {path}; continue with --resume")
+                return trainer, stop
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    if rank == 0 and trainer.history["val"]:
+        report(trainer, path, log)
+    elif rank == 0:
+        log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or --max_time to go on")
+    return trainer, None
+
+
+def report(trainer, path, log):
+    log(f"saved {path} ({trainer.elapsed:.0f} s of training)" if trainer.tc.out_dir else "trained; no --out_dir")
+    by_position = loss_by_position(trainer)
+    log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one character of context, all a bigram "
+        f"model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
+    tok = trainer.tokenizer
+    prompt = torch.tensor([tok.encode(default_prompt(tok))], device=trainer.device)
+    with trainer.amp:
+        sample = trainer.model.eval().generate(prompt, 300, temperature=0.8,
+                                               generator=torch.Generator(trainer.device).manual_seed(0))
+    log("sample:\n" + tok.decode(sample[0, 1:].tolist()))
+
+
+def main(argv=None):
+    args, given = parse_args(argv)
+    world = 1
+    try:
+        world = distributed()[2]
+        defaults = CUDA_DEFAULTS if gpt.get_device(given.get("device", "")).type == "cuda" else {}
+        tc = gpt.TrainConfig(**{**defaults, **given})
+        text = read_text(args.data)
+        _, stopped = run(tc, text, printer, args.resume, args.log_interval, args.compile, given)
+    except KeyboardInterrupt:  # before the training loop, which saves and returns on its own: nothing to save
         sys.exit(130)
     except (ValueError, OSError) as e:
-        # Under torchrun every process meets the same error; one line of it is enough.
-        sys.exit(f"error: {e}" if os.environ.get("RANK", "0") == "0" else 1)
+        # Under torchrun every process meets the same error; the first one says it.
+        sys.exit(f"error: {e}" if world == 1 or os.environ.get("RANK") == "0" else 1)
+    if stopped:
+        sys.exit(STOPS[stopped])
 
 
 if __name__ == "__main__":
