@@ -58,8 +58,10 @@ def main(argv=None):
     except BrokenPipeError:  # the reader went away (python sample.py | head): end quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)
-    except (ValueError, OSError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "memory" not in str(e):
+            raise  # not out of memory but a bug, which its traceback helps to find
+        sys.exit(f"error: {train.one_line(e, 'sample on another --device, or from a smaller model')}")
 
 
 if __name__ == "__main__":

@@ -341,7 +341,8 @@ def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
         assert torch.equal(p, q), name  # bit for bit the weights of the run that was never stopped
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129),
+                                            (signal.SIGUSR1, 138)])
 def test_a_signal_saves_the_step_under_way_says_so_and_exits_non_zero(tmp_path, signum, status):
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 6)
     proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
@@ -463,6 +464,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--norm", "batchnorm"], "norm must be one of"),
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--device", "cuda:7"], "unknown or not on this machine"),
+    (["--n_embd", str(2 ** 20), "--n_head", "1"], "out of memory (["),
     (["--out_dir", "DATA/out"], "pass --out_dir a writable folder"),  # a folder inside a file
     (["--out_dir", "FOLDER"], "pass --out_dir a writable folder"),  # FOLDER/ckpt.pt is a folder
     (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint at"),

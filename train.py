@@ -25,7 +25,10 @@ import gpt
 # A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not given.
 CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.1,
                      learning_rate=1e-3, min_lr=1e-4, eval_iters=100)
-STOPS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # save, then exit as a shell reports a process the signal ended
+# What a user, a terminal or a scheduler sends to stop a run (SLURM's --signal sends SIGUSR1 or 2, CPU-time limits
+# SIGXCPU): each saves the step under way, then exits with 128 + the signal's number, as a shell reports such an end.
+STOPS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU")
+         if hasattr(signal, name)]
 MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "vocab_size"]  # kept on --resume
 
 
@@ -284,11 +287,20 @@ def main(argv=None):
         _, stopped = run(tc, text, printer, args.resume, args.log_interval, args.compile, given)
     except KeyboardInterrupt:  # before the training loop, which saves and returns on its own: nothing to save
         sys.exit(130)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "memory" not in str(e):
+            raise  # not out of memory but a bug, which its traceback helps to find
         # Under torchrun every process meets the same error; the first one says it.
-        sys.exit(f"error: {e}" if world == 1 or os.environ.get("RANK") == "0" else 1)
+        sys.exit(f"error: {one_line(e)}" if world == 1 or os.environ.get("RANK") == "0" else 1)
     if stopped:
-        sys.exit(STOPS[stopped])
+        sys.exit(128 + stopped)
+
+
+def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
+    """What the error says, on one line; out of memory, with the advice."""
+    if isinstance(error, (ValueError, OSError)):
+        return str(error)
+    return f"out of memory ({(str(error).strip().splitlines() or [''])[0]}): {advice}"
 
 
 if __name__ == "__main__":
