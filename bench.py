@@ -1,19 +1,24 @@
-"""Measures this machine and gpt.py on it; prints one table, every figure from this run.
+"""Measures gpt.py on this machine; every figure it prints comes from the run that prints it.
 
-    python bench.py                      # matmul peaks, training, sampling, the NumPy twin
+    python bench.py                                         # matmul peaks, training steps, sampling, the NumPy twin
+    python bench.py --nanogpt ../shared/reference/nanogpt   # the same run beside nanoGPT's model.py from that folder
+    python bench.py --profile                               # where a training step's time goes
     python bench.py --quality 140 --data ../shared/data/tinyshakespeare.txt   # val loss after 140 s of training
-    python bench.py --json bench.json    # the same figures, machine-readable
+    python bench.py --json bench.json                       # also write the figures, machine-readable
 
-The machine may be shared and drift in speed, so the configurations are timed interleaved, in rounds, and each
-figure is a median.
+A machine may be shared and drift in speed, so whatever is compared is timed interleaved, in rounds, and each figure
+is the median of its rounds. Machines differ 2-3x in speed: set a figure only beside one from the same run.
 """
 import argparse
+import contextlib
+import importlib.util
+import io
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 
 import torch
 
@@ -21,8 +26,13 @@ import gpt
 import gpt_numpy
 import train
 
-NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)  # nanoGPT's CPU recipe
-SAMPLING = dict(vocab_size=65, n_layer=6, n_head=6, n_embd=384, block_size=256)  # nanoGPT's shakespeare_char model
+GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu")
+# nanoGPT's CPU recipe (its README: shakespeare_char at 4 layers, 128 wide, context 64, batch 12, no dropout; bias off)
+RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False)
+RECIPE_STEPS, RECIPE_EVALS, RECIPE_EVAL_ITERS, RECIPE_BATCH = 2000, 9, 20, 12  # evaluations at 0, 250, ..., 2000
+# nanoGPT's shakespeare_char model, the one its README samples from
+SAMPLING = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)
+PROMPT, NEW_TOKENS, PAST_TOKENS = 56, 200, 50  # 56 + 200 fill the 256 context
 
 
 def native_bf16():
@@ -34,141 +44,217 @@ def native_bf16():
     return next((name for name in ("amx_bf16", "avx512_bf16") if name in flags), None)
 
 
-def median_time(fn, repeats, warmup=2, device=torch.device("cpu")):
-    def timed():
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # GPU work is queued: wait for it before reading the clock
-        return time.perf_counter() - t
-
-    for _ in range(warmup):
-        timed()
-    return statistics.median(timed() for _ in range(repeats))
+def timed(fn, device):
+    t = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # GPU work is queued: wait for it before reading the clock
+    return time.perf_counter() - t
 
 
-def matmul_peaks(dtypes, device, rounds=5):
+def interleaved(fns, device, rounds, repeats, warmup=2):
+    """{name: median seconds of one call}: each round times every fn in turn, repeats calls each; medians of rounds."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(statistics.median(timed(fn, device) for _ in range(repeats)))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def matmul_peaks(dtypes, device):
     n = 8192 if device.type == "cuda" else 1024
     a = {d: torch.randn(n, n, device=device).to(d) for d in dtypes}
-    times = {d: [] for d in dtypes}
-    for _ in range(rounds):
-        for d in dtypes:  # interleaved
-            times[d].append(median_time(lambda: a[d] @ a[d], repeats=10, device=device))
-    return n, {str(d).split(".")[1]: 2 * n ** 3 / statistics.median(times[d]) / 1e9 for d in dtypes}
+    t = interleaved({d: lambda d=d: a[d] @ a[d] for d in dtypes}, device, rounds=5, repeats=10)
+    return n, {str(d).split(".")[1]: 2 * n ** 3 / t[d] / 1e9 for d in dtypes}
 
 
-def flops_per_token(model):
-    """6 per weight for forward and backward through every matmul (the LM head's included, even when tied), plus
-    attention's scores and weighted sum: 12 * n_layer * n_embd * block_size."""
-    c = model.config
-    n = sum(p.numel() for p in model.parameters()) - (0 if c.tie_weights else c.vocab_size * c.n_embd)
-    n -= c.block_size * c.n_embd if c.pos == "learned" else 0
+def flops_per_token(config):
+    """6 per weight for forward and backward through every matmul (the LM head's too), plus attention's scores and
+    weighted sum: 12 * n_layer * n_embd * block_size."""
+    with torch.device("meta"):
+        model = gpt.GPT(config)
+    c = config
+    n = sum(p.numel() for p in model.parameters()) + (c.vocab_size * c.n_embd if c.tie_weights else 0)
+    n -= c.vocab_size * c.n_embd + (c.block_size * c.n_embd if c.pos == "learned" else 0)  # lookups, not matmuls
     return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
 
 
-def get_batch(data, block_size, batch_size, generator, device):
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
-    xy = torch.stack([data[i:i + block_size + 1] for i in ix.tolist()]).to(device)
-    return xy[:, :-1], xy[:, 1:]
+def batches(block_size, batch_size, device, seed=0):
+    """An endless stream of random (x, y) batches, each (batch_size, block_size)."""
+    data, gen = torch.randint(0, 65, (100_000,)), torch.Generator().manual_seed(seed)
+    while True:
+        ix = torch.randint(len(data) - block_size, (batch_size,), generator=gen)
+        xy = torch.stack([data[i:i + block_size + 1] for i in ix.tolist()]).to(device)
+        yield xy[:, :-1].contiguous(), xy[:, 1:].contiguous()  # as nanoGPT's get_batch makes them
 
 
-def bench_training(shapes, peaks, device, rounds=5, steps=8):
-    """Median ms per optimizer step of each (name, TrainConfig, use_bf16) in shapes, timed in interleaved rounds."""
-    runs = []
-    for name, tc, bf16, compile in shapes:
-        torch.manual_seed(0)
-        config = gpt.GPTConfig(vocab_size=65, block_size=tc.block_size, n_layer=tc.n_layer, n_head=tc.n_head,
-                               n_embd=tc.n_embd, bias=tc.bias, tie_weights=tc.tie_weights, norm=tc.norm, pos=tc.pos,
-                               mlp=tc.mlp)
-        model = gpt.GPT(config).to(device)
-        optimizer = gpt.configure_optimizer(model, tc.learning_rate, tc.weight_decay, tc.beta2, device.type)
-        data = torch.randint(0, 65, (100_000,))
-        gen = torch.Generator().manual_seed(0)
-        amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-        step = (lambda m=torch.compile(model) if compile else model, o=optimizer, t=tc, a=amp:
-                gpt.train_step(m, o, [get_batch(data, t.block_size, t.batch_size, gen, device)],
-                               t.grad_clip, None, a))
-        runs.append(dict(name=name, tc=tc, bf16=bf16, model=model, step=step, times=[]))
-    for _ in range(rounds):
-        for run in runs:
-            run["times"].append(median_time(run["step"], repeats=steps, device=device))
-    rows = []
-    for run in runs:
-        tc, dt = run["tc"], statistics.median(run["times"])
-        tokens = tc.batch_size * tc.block_size / dt
-        peak = peaks["bfloat16" if run["bf16"] else "float32"]
-        rows.append(dict(name=run["name"], dtype="bf16 autocast" if run["bf16"] else "fp32",
-                         params=sum(p.numel() for p in run["model"].parameters()), ms_per_iter=dt * 1000,
-                         tokens_per_s=tokens,
-                         mfu=tokens * flops_per_token(run["model"]) / 1e9 / peak))
+def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
+    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and the fused AdamW groups."""
+    torch.manual_seed(0)
+    model = gpt.GPT(config).to(device)
+    optimizer = gpt.configure_optimizer(model, tc.learning_rate, tc.weight_decay, tc.beta2, device.type)
+    stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
+    return lambda: gpt.train_step(stepped, optimizer, [next(data)], tc.grad_clip, None, amp)
+
+
+def bench_training(device, peaks, bf16):
+    """ms per optimizer step at the default shape (also compiled) and at nanoGPT's CPU-recipe shape; MFU."""
+    cuda = device.type == "cuda"
+    default = gpt.TrainConfig(**(train.CUDA_DEFAULTS if cuda else {}))
+    recipe = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, batch_size=RECIPE_BATCH)
+    runs = {}
+    for name, tc in ((f"default {device.type.upper()}", default), ("nanoGPT CPU-recipe shape", recipe)):
+        config = gpt.GPTConfig(**{**{k: getattr(tc, k) for k in vars(gpt.GPTConfig())}, "vocab_size": 65})
+        for dtype in ["fp32"] + (["bf16 autocast"] if bf16 else []):
+            amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype != "fp32" else contextlib.nullcontext()
+            runs[name, dtype] = (tc, config, our_step(config, tc, device, amp))
+        if tc is default:
+            runs[name + " --compile", "fp32"] = (tc, config, our_step(config, tc, device, compile=True))
+    t = interleaved({key: step for key, (_, _, step) in runs.items()}, device, rounds=5, repeats=8)
+    rows, torch_dtype = [], {"fp32": "float32", "bf16 autocast": "bfloat16"}
+    for (name, dtype), (tc, config, _) in runs.items():
+        tokens = tc.batch_size * tc.block_size / t[name, dtype]
+        rows.append(dict(name=name, dtype=dtype, ms_per_iter=t[name, dtype] * 1000, tokens_per_s=tokens,
+                         mfu=tokens * flops_per_token(config) / 1e9 / peaks[torch_dtype[dtype]]))
     return rows
 
 
-def bench_sampling(device, new_tokens=200, rounds=3):
-    """Tokens/s for new_tokens sampled until the context is full, with the KV cache and with a full forward per
-    token as nanoGPT samples."""
+def bench_sampling(device, rounds=3):
+    """Tokens/s sampling 200 tokens into a 256 context: with the KV cache, and with a full forward per token."""
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.GPTConfig(**SAMPLING, norm="layernorm", pos="learned", mlp="gelu", bias=True)).to(device).eval()
-    prompt = torch.randint(0, 65, (1, SAMPLING["block_size"] - new_tokens), device=device)
-
-    def with_cache():
-        model.generate(prompt, new_tokens, generator=torch.Generator(device).manual_seed(0))
+    model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device).eval()
+    prompt = torch.randint(0, 65, (1, PROMPT), device=device)
 
     @torch.no_grad()
     def full_forward():
         idx, gen = prompt, torch.Generator(device).manual_seed(0)
-        for _ in range(new_tokens):
+        for _ in range(NEW_TOKENS):
             logits, _ = model(idx[:, -SAMPLING["block_size"]:])
-            next_id = torch.multinomial(logits[:, -1].softmax(-1), 1, generator=gen)
-            idx = torch.cat([idx, next_id], dim=1)
+            idx = torch.cat([idx, torch.multinomial(logits[:, -1].softmax(-1), 1, generator=gen)], dim=1)
 
-    times = {"kv_cache": [], "full_forward": []}
-    for _ in range(rounds):
-        times["kv_cache"].append(median_time(with_cache, repeats=1, warmup=1, device=device))
-        times["full_forward"].append(median_time(full_forward, repeats=1, warmup=0, device=device))
-    return {name: new_tokens / statistics.median(t) for name, t in times.items()}
+    t = interleaved({"kv_cache": lambda: model.generate(prompt, NEW_TOKENS), "full_forward": full_forward}, device,
+                    rounds, repeats=1, warmup=1)
+    return {name: NEW_TOKENS / seconds for name, seconds in t.items()}
 
 
 def bench_twin(rounds=5):
     """One float32 forward+backward at nanoGPT's CPU-recipe shape: the NumPy twin against PyTorch."""
-    config = gpt.GPTConfig(vocab_size=65, norm="layernorm", pos="learned", mlp="gelu",
-                           **{k: v for k, v in NANOGPT_CPU.items() if k != "batch_size"})
+    config = gpt.GPTConfig(**RECIPE, **GPT2_BLOCK)
     torch.manual_seed(0)
     model = gpt.GPT(config)
     twin = gpt_numpy.GPT(config, {n: p.detach().numpy().copy() for n, p in model.named_parameters()})
-    x, y = torch.randint(0, 65, (2, NANOGPT_CPU["batch_size"], config.block_size)).unbind(0)
-    xn, yn = x.numpy(), y.numpy()
+    x, y = next(batches(config.block_size, RECIPE_BATCH, torch.device("cpu")))
 
     def torch_step():
         model.zero_grad(set_to_none=True)
         model(x, y)[1].backward()
 
     def twin_step():
-        twin.forward(xn, yn)
+        twin.forward(x.numpy(), y.numpy())
         twin.backward()
 
-    times = {"pytorch": [], "numpy": []}
-    for _ in range(rounds):
-        times["pytorch"].append(median_time(torch_step, repeats=5))
-        times["numpy"].append(median_time(twin_step, repeats=5))
-    return {name: statistics.median(t) * 1000 for name, t in times.items()}
+    t = interleaved({"pytorch": torch_step, "numpy": twin_step}, torch.device("cpu"), rounds, repeats=5)
+    return {name: seconds * 1000 for name, seconds in t.items()}
+
+
+def load_nanogpt(folder):
+    """nanoGPT's model.py, imported from folder at run time: it is timed beside this project, never copied into it."""
+    path = os.path.join(folder, "model.py")
+    if not os.path.isfile(path):
+        raise ValueError(f"no model.py in {folder}: pass --nanogpt the folder of nanoGPT's model.py")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        module.GPT, module.GPTConfig
+    except Exception as e:
+        raise ValueError(f"cannot import GPT and GPTConfig from {path} ({type(e).__name__}: {e})") from None
+    return module
+
+
+def versus_nanogpt(nano, device, rounds=5):
+    """The same run, interleaved: each project's optimizer step at nanoGPT's CPU-recipe shape (its own forward,
+    backward, clipping and AdamW set-up), and each project's generate at nanoGPT's shakespeare_char model: filling a
+    256 context from a 56-token prompt, then past a full context. Also the wall time of nanoGPT's recipe here."""
+    quiet = contextlib.redirect_stdout(io.StringIO())  # nanoGPT prints its parameter count and optimizer groups
+    tc = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, batch_size=RECIPE_BATCH, learning_rate=1e-3)
+    data = batches(RECIPE["block_size"], RECIPE_BATCH, device, seed=1)
+    torch.manual_seed(0)
+    with quiet:
+        theirs = nano.GPT(nano.GPTConfig(**RECIPE, dropout=0.0)).to(device)
+        optimizer = theirs.configure_optimizers(tc.weight_decay, tc.learning_rate, (0.9, tc.beta2), device.type)
+
+    def their_step():  # nanoGPT's train.py, one micro-step per optimizer step, as its recipe has it
+        _, loss = theirs(*next(data))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), tc.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def their_eval_batch():  # estimate_loss: model(X, Y) in eval mode
+        theirs.eval()
+        theirs(*next(data))
+        theirs.train()
+
+    step = interleaved({"ours": our_step(gpt.GPTConfig(**RECIPE, **GPT2_BLOCK), tc, device), "nanoGPT": their_step,
+                        "nanoGPT eval batch": their_eval_batch}, device, rounds=7, repeats=10)
+    torch.manual_seed(0)
+    ours_model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device).eval()
+    with quiet:
+        their_model = nano.GPT(nano.GPTConfig(**SAMPLING, dropout=0.0)).to(device).eval()
+    fill, full = (torch.randint(0, 65, (1, n), device=device) for n in (PROMPT, SAMPLING["block_size"]))
+    sampling = interleaved({
+        ("fill", "ours"): lambda: ours_model.generate(fill, NEW_TOKENS),
+        ("fill", "nanoGPT"): lambda: their_model.generate(fill, NEW_TOKENS),
+        ("past", "ours"): lambda: ours_model.generate(full, PAST_TOKENS),
+        ("past", "nanoGPT"): lambda: their_model.generate(full, PAST_TOKENS)}, device, rounds, repeats=1, warmup=1)
+    recipe_s = RECIPE_STEPS * step["nanoGPT"] + RECIPE_EVALS * 2 * RECIPE_EVAL_ITERS * step["nanoGPT eval batch"]
+    return dict(step_ms={"ours": step["ours"] * 1000, "nanoGPT": step["nanoGPT"] * 1000},
+                eval_batch_ms=step["nanoGPT eval batch"] * 1000, recipe_seconds=recipe_s,
+                fill_tokens_per_s={who: NEW_TOKENS / sampling["fill", who] for who in ("ours", "nanoGPT")},
+                past_tokens_per_s={who: PAST_TOKENS / sampling["past", who] for who in ("ours", "nanoGPT")})
+
+
+def profile_steps(device, steps=20, rows=8):
+    """The ops that take the most time in training steps at nanoGPT's CPU-recipe shape and at the default one:
+    {shape: [(op, ms per step, share of the step)]}, from torch.profiler's self time."""
+    tables = {}
+    for name, config, tc in (("nanoGPT CPU-recipe shape", gpt.GPTConfig(**RECIPE, **GPT2_BLOCK),
+                              gpt.TrainConfig(batch_size=RECIPE_BATCH)),
+                             ("default CPU", gpt.GPTConfig(), gpt.TrainConfig())):
+        step = our_step(config, tc, device)
+        for _ in range(3):
+            step()
+        with torch.profiler.profile() as prof:
+            for _ in range(steps):
+                step()
+        ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in ops)
+        tables[name] = [(e.key, e.self_cpu_time_total / steps / 1000, e.self_cpu_time_total / total)
+                        for e in ops[:rows]]
+    return tables
 
 
 def bench_quality(seconds, data):
-    """Trains the default CPU config for `seconds` of wall time; returns the final val loss."""
+    """Trains the default CPU config for `seconds` of wall time; returns the final val loss (100 batches)."""
     lines = []
     with tempfile.TemporaryDirectory() as out_dir:
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                              eval_iters=100, device="cpu")
         trainer, _ = train.run(tc, train.read_text(data), log=lines.append)
-        history = dict(train=[(trainer.it, trainer.loss.item())], val=trainer.history["val"])
-    return dict(seconds=seconds, data=data, iters=history["train"][-1][0], val_loss=history["val"][-1][1],
-                report=[line for line in lines if line.startswith("what context buys")][0])
+    return dict(seconds=seconds, data=data, iters=trainer.it, val_loss=trainer.history["val"][-1][1],
+                report=next(line for line in lines if line.startswith("what context buys")))
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Benchmark gpt.py on this machine.")
-    parser.add_argument("--quality", type=float, metavar="SECONDS",
+    parser = train.Parser(description="Benchmark gpt.py on this machine.")
+    parser.add_argument("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
+    parser.add_argument("--profile", action="store_true", help="instead: profile training steps")
+    parser.add_argument("--quality", type=train.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
                         help="instead: train the default CPU config this long and report its val loss")
     parser.add_argument("--data", default="input.txt", help="text for --quality (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only "
@@ -178,41 +264,49 @@ def main():
     device = gpt.get_device(args.device)
     figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads(),
                    device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, {figures['date']}")
     if args.quality:
         q = figures["quality"] = bench_quality(args.quality, args.data)
         print(f"{q['seconds']:.0f} s of training on {q['data']}: {q['iters']} iterations, val loss {q['val_loss']:.4f}")
         print(q["report"])
+    elif args.nanogpt:
+        v = figures["versus_nanogpt"] = versus_nanogpt(load_nanogpt(args.nanogpt), device)
+        print(f"beside nanoGPT's model.py from {args.nanogpt}, interleaved in this run, medians:")
+        print(f"{'':58s} {'this project':>13s} {'nanoGPT':>9s} {'ratio':>6s}")
+        for label, key, unit, faster in (
+                ("training step, CPU-recipe shape (4x128, context 64, batch 12)", "step_ms", "ms", min),
+                ("sampling 200 tokens into a 256 context, 6x384 (KV cache)", "fill_tokens_per_s", "tok/s", max),
+                ("sampling past a full context (a full forward each)", "past_tokens_per_s", "tok/s", max)):
+            ours, theirs = v[key]["ours"], v[key]["nanoGPT"]
+            ratio = theirs / ours if faster is min else ours / theirs
+            print(f"{label[:58]:58s} {ours:8.1f} {unit:5s}{theirs:7.1f} {unit:5s}{ratio:5.2f}x")
+        print(f"\nnanoGPT's CPU recipe here: {RECIPE_STEPS} steps x {v['step_ms']['nanoGPT']:.1f} ms + {RECIPE_EVALS} "
+              f"evaluations x {2 * RECIPE_EVAL_ITERS} batches x {v['eval_batch_ms']:.1f} ms = "
+              f"{v['recipe_seconds']:.0f} s (its data loading and logging left out). The same budget for this project:")
+        print(f"  python bench.py --quality {v['recipe_seconds']:.0f} --data ../shared/data/tinyshakespeare.txt")
+    elif args.profile:
+        figures["profile"] = profile_steps(device)
+        for name, rows in figures["profile"].items():
+            print(f"\n{name}: ms per step in each op's own code (torch.profiler, 20 steps)")
+            for op, ms, share in rows:
+                print(f"  {op[:48]:48s} {ms:7.2f} ms {share:6.1%}")
     else:
         cuda = device.type == "cuda"
         bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else native_bf16()
-        dtypes = [torch.float32] + ([torch.bfloat16] if bf16 else [])
-        n, peaks = matmul_peaks(dtypes, device)
-        figures["matmul_gflops"] = peaks
-        default = gpt.TrainConfig(**(train.CUDA_DEFAULTS if cuda else {}))
-        nano = gpt.TrainConfig(bias=False, norm="layernorm", pos="learned", mlp="gelu", **NANOGPT_CPU)
-        shapes = [(name, tc, use_bf16, False) for name, tc in ((f"default {device.type.upper()}", default),
-                                                        ("nanoGPT CPU recipe", nano))
-                  for use_bf16 in ([False, True] if bf16 else [False])]
-        shapes.append((f"default {device.type.upper()} --compile", default, False, True))
-        figures["training"] = bench_training(shapes, peaks, device)
-        figures["sampling_tokens_per_s"] = bench_sampling(device)
-        if not cuda:
-            figures["twin_ms"] = bench_twin()
-
-        print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, "
-              f"native bf16: {bf16 or 'none found'}")
-        print(f"matmul peak ({n}x{n}): " + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
-        print(f"\n{'training':30s} {'dtype':14s} {'params':>8s} {'ms/iter':>8s} {'tok/s':>8s} {'MFU':>6s}")
+        n, peaks = matmul_peaks([torch.float32] + ([torch.bfloat16] if bf16 else []), device)
+        figures.update(matmul_gflops=peaks, training=bench_training(device, peaks, bf16),
+                       sampling_tokens_per_s=bench_sampling(device))
+        print(f"native bf16: {bf16 or 'none found'}; matmul peak ({n}x{n}): "
+              + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
+        print(f"\n{'training':34s} {'dtype':14s} {'ms/iter':>8s} {'tok/s':>8s} {'MFU':>6s}")
         for r in figures["training"]:
-            print(f"{r['name']:30s} {r['dtype']:14s} {r['params'] / 1e6:7.2f}M {r['ms_per_iter']:8.1f} "
-                  f"{r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
+            print(f"{r['name']:34s} {r['dtype']:14s} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
         s = figures["sampling_tokens_per_s"]
-        print(f"\nsampling 200 tokens into a full {SAMPLING['block_size']}-token context "
-              f"({SAMPLING['n_layer']} layers, {SAMPLING['n_embd']} wide):")
-        print(f"  KV cache {s['kv_cache']:.0f} tok/s, full forward per token {s['full_forward']:.0f} tok/s, "
-              f"{s['kv_cache'] / s['full_forward']:.1f}x")
-        t = figures.get("twin_ms")
-        if t:
+        print(f"\nsampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context ({SAMPLING['n_layer']} layers, "
+              f"{SAMPLING['n_embd']} wide): KV cache {s['kv_cache']:.0f} tok/s, a full forward per token "
+              f"{s['full_forward']:.0f} tok/s, {s['kv_cache'] / s['full_forward']:.1f}x")
+        if not cuda:
+            t = figures["twin_ms"] = bench_twin()
             print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
                   f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
     if args.json:
@@ -223,5 +317,5 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as e:  # a bad --data or --device
+    except ValueError as e:  # a bad --data, --device or --nanogpt
         sys.exit(f"error: {e}")

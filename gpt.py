@@ -110,9 +110,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        if rope is not None:
-            qkv = torch.cat([rope_forward(qkv[:2], *rope), qkv[2:]])  # q and k turn, v does not
         q, k, v = qkv.unbind(0)  # (B, nh, T, hs) each
+        if rope is not None:
+            q, k = rope_forward(qkv[:2], *rope).unbind(0)  # q and k turn together; v does not
         if cache is not None:  # sampling: the earlier positions' keys and values join this step's
             k, v = cache.update(self.layer, k, v)  # (B, nh, positions so far, hs)
         # Scores are scaled by 1/sqrt(hs) so their spread, and so softmax's sharpness, does not grow with head size.

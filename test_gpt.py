@@ -318,7 +318,7 @@ def test_a_text_too_short_for_one_block_is_refused():
         gpt.Trainer(gpt.TrainConfig(block_size=16, out_dir=""), "abcdefghij" * 10)
 
 
-# ---------------------------------------------------------------------------------------------------- train.py's harness
+# ---------------------------------------------------------------------------------------------------- the harness
 def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
     tc = tiny_train_config(tmp_path, dropout=0.1)  # dropout: the resumed run must restore the RNG too
     straight, _ = train.run(replace(tc, out_dir=str(tmp_path / "straight")), TEXT, quiet)
@@ -496,7 +496,7 @@ def test_resume_says_which_model_options_it_ignores_and_records_the_model_it_kep
     train.main(flags + ["--resume", "--max_iters", "6", "--n_layer", "3", "--n_embd", "64", "--pos", "learned",
                         "--n_head", "2"])  # n_head 2: as the checkpoint has it, so not ignored
     out = capsys.readouterr().out
-    assert "--resume keeps the checkpoint's model, so these are ignored: --n_layer 3, --n_embd 64, --pos learned\n" in out
+    assert "so these are ignored: --n_layer 3, --n_embd 64, --pos learned\n" in out
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     assert ckpt["iter"] == 6
     assert {k: ckpt["train_config"][k] for k in ("n_layer", "n_embd", "pos")} == \
