@@ -319,3 +319,6 @@ if __name__ == "__main__":
         main()
     except ValueError as e:  # a bad --data, --device or --nanogpt
         sys.exit(f"error: {e}")
+    except BrokenPipeError:  # the reader went away (python bench.py | head): end quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)

@@ -661,6 +661,8 @@ def test_twin_trains_and_samples():
         optimizer.step(twin.backward())
     assert loss < 0.25 * math.log(len(chars)), loss
     out = twin.generate(data[None, :5], 40, temperature=0)
+    drawn = lambda seed: twin.generate(data[None, :5], 20, top_k=5, top_p=0.9, generator=np.random.default_rng(seed))
+    assert np.array_equal(drawn(3), drawn(3)) and not np.array_equal(drawn(3), drawn(4))
     assert set("".join(chars[i] for i in out[0]).split()[:-1]) <= set(text.split())  # the last word may be cut
 
 
@@ -682,3 +684,104 @@ def test_twin_init_matches_gpt_names_and_shapes():
         ours = gpt_numpy.init_params(config)
         theirs = dict(gpt.GPT(config).named_parameters())
         assert {n: w.shape for n, w in ours.items()} == {n: tuple(p.shape) for n, p in theirs.items()}
+
+
+def test_twin_filter_logits_keeps_what_gpt_keeps():
+    logits = torch.randn(64, 30, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for kwargs in (dict(top_k=3), dict(top_p=0.5), dict(top_p=0.95), dict(top_k=10, top_p=0.8), dict(top_p=1.0)):
+        ours = np.isfinite(gpt_numpy.filter_logits(logits.numpy(), **kwargs))
+        assert np.array_equal(ours, torch.isfinite(gpt.filter_logits(logits, **kwargs)).numpy()), kwargs
+
+
+def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it():
+    model, twin, idx, targets = twin_pair("gpt2")
+    outputs = {}
+    for name, module in model.named_modules():
+        if name.split(".")[-1] in ("tok_emb", "ln_1", "c_attn", "c_proj", "ln_2", "c_fc", "ln_f", "lm_head"):
+            module.register_forward_hook(lambda m, i, out, name=name: outputs.setdefault(name, out).retain_grad())
+    model(idx, targets)[1].backward()
+    twin.forward(idx.numpy(), targets.numpy())
+    _, d = twin.backward(activations=True)
+    assert set(outputs) <= set(d) and d["loss"] == 1.0
+    for name, out in outputs.items():
+        np.testing.assert_allclose(d[name], out.grad.numpy(), rtol=1e-10, atol=1e-12 * out.grad.abs().max().item())
+
+
+def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
+    lines = []
+    assert gpt_numpy.check(log=lines.append)
+    table = "\n".join(lines)
+    for layer in ("crossentropy", "linear", "layernorm", "rmsnorm", "gelu", "swiglu", "attention", "attention, rope",
+                  "softmax", "rope", "embedding", "model (gpt2): blocks.1.mlp.c_fc.bias",
+                  "model (llama): lm_head.weight"):
+        assert f"\n{layer}" in table, layer
+    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1].endswith(" ok, 0 WRONG")
+
+
+def layernorm_without_the_mean(dout, cache, right=gpt_numpy.layernorm_backward):
+    xhat, rstd, weight, has_bias = cache
+    g = dout * weight
+    return rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True)), right(dout, cache)[1]  # the mean's path dropped
+
+
+@pytest.mark.parametrize("name, broken, first_wrong", [
+    ("layernorm_backward", layernorm_without_the_mean, "layernorm: dx"),
+    ("crossentropy_backward", lambda dloss, cache: (cache[0] - np.eye(cache[0].shape[-1])[cache[1]], {}),
+     "crossentropy: dx"),  # the 1/N dropped
+    ("gelu_backward", lambda dout, cache: (dout * 0.5 * (1 + cache[1]), {}), "gelu: dx"),  # half the product rule
+    ("rope_backward", lambda dout, cache: (gpt_numpy.rope_forward(dout, *cache)[0], {}), "attention, rope: dx"),
+])
+def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch, name, broken, first_wrong):
+    monkeypatch.setattr(gpt_numpy, name, broken)
+    lines = []
+    assert not gpt_numpy.check(log=lines.append)
+    assert lines[-1].endswith(f"WRONG: first {first_wrong}"), lines[-1]
+
+
+def test_check_layer_checks_a_learners_own_backward():
+    x = np.random.default_rng(0).standard_normal((4, 5))
+    right = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 3 * x ** 2, {}), x)
+    wrong = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 2 * x ** 2, {}), x)
+    assert right["x"] < 1e-8 and wrong["x"] > 0.1
+
+
+def test_check_runs_where_torch_cannot_be_imported():
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['gpt_numpy.py', '--check']; "
+            "runpy.run_path('gpt_numpy.py', run_name='__main__')")
+    done = run_cli("-c", code)
+    assert done.returncode == 0, done.stderr
+    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith(" ok, 0 WRONG")
+    closed = subprocess.Popen([sys.executable, "gpt_numpy.py", "--check"], cwd=HERE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    closed.stdout.readline()
+    closed.stdout.close()  # python gpt_numpy.py --check | head -1
+    assert closed.wait(timeout=60) in (0, 141) and closed.stderr.read() == b""
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "No such file"), ("FOLDER", "Is a directory"), (bytes(range(256)) * 40, "it is not UTF-8 text"),
+    (b"", "has 0 characters"), (b"a", "has 1 characters"), (b"hello world", "has 11 characters"),
+])
+def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, content, match):
+    path = tmp_path / "text"
+    if content == "FOLDER":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    done = run_cli("gpt_numpy.py", str(path), "--seconds", "30")
+    assert done.returncode == 1 and done.stdout == "" and done.stderr.count("\n") == 1 and match in done.stderr, \
+        done.stderr
+    for bad in ("nan", "inf", "0", "-1"):
+        refused = run_cli("gpt_numpy.py", "--seconds", bad)
+        assert refused.returncode == 2 and "argument --seconds: " in refused.stderr and refused.stdout == ""
+
+
+def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
+    (tmp_path / "text").write_text(TEXT[:3000].replace("\n", " "), encoding="utf-8")
+    done = run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "3")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"untrained, it writes: (['\"]).+\1\nstep 0: loss (\d\.\d+) \(a model that knows nothing scores "
+                     r"ln\(\d+\) = \d\.\d+\)", out), out
+    assert re.search(r"\d+ s: step \d+, loss \d\.\d+, \d+ ms/step", out), out
+    assert re.search(r"after \d+ steps at \d+ ms/step: val loss \d\.\d+\nsample:\n.{20}", out, re.S), out
