@@ -531,6 +531,8 @@ def seconds_type(text):
 def read_text(path, block_size):
     """The text at path, refused in one line unless it is UTF-8 and its last 10% holds one example of block_size."""
     try:
+        if not os.path.isfile(path):  # a folder; or a device or a pipe, which could be read forever
+            raise OSError(0, "it is not a file" if os.path.exists(path) else "there is no such file")
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:

@@ -34,13 +34,7 @@ def main(argv=None):
         model, tokenizer, _ = train.load(os.path.join(args.out_dir, "ckpt.pt"), device)
         start = train.default_prompt(tokenizer) if args.start is None else args.start
         if start.startswith("FILE:"):
-            try:
-                with open(start[5:], encoding="utf-8") as f:
-                    start = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
-                raise ValueError(f"cannot read the prompt file {start[5:]} ({reason}): give --start FILE:path of a "
-                                 f"UTF-8 text file") from None
+            start = train.read_text(start[5:], "the prompt file", "--start FILE:path to")
         prompt = torch.tensor([tokenizer.encode(start)], dtype=torch.long, device=device)
         generator = torch.Generator(device).manual_seed(args.seed)
         for i in range(args.num_samples):

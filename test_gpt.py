@@ -456,7 +456,8 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--log_interval", "0"], "argument --log_interval: must be at least 1"),
     (["--nonsense", "1"], "unrecognized arguments: --nonsense"),
     (["--data", "MISSING"], "cannot read the data file"),
-    (["--data", "FOLDER"], "cannot read the data file"),
+    (["--data", "FOLDER"], "(it is a folder): pass --data a UTF-8 text file"),
+    (["--data", "/dev/zero"], "(it is not a regular file)"),  # which read() would never finish
     (["--data", "BINARY"], "it is not UTF-8 text"),
     (["--data", "EMPTY"], "is empty"),
     (["--block_size", "5000"], "too short for one block"),
@@ -467,7 +468,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--n_embd", str(2 ** 20), "--n_head", "1"], "out of memory (["),
     (["--out_dir", "DATA/out"], "pass --out_dir a writable folder"),  # a folder inside a file
     (["--out_dir", "FOLDER"], "pass --out_dir a writable folder"),  # FOLDER/ckpt.pt is a folder
-    (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint at"),
+    (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
 ])
 def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys, trained_dir, flags, match):
@@ -525,22 +526,28 @@ def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
     (["--start", ""], "a prompt of 1 token or more"),
     (["--start", "FILE:/no/such/file"], "cannot read the prompt file /no/such/file (No such file"),
     (["--start", "FILE:FOLDER"], "cannot read the prompt file"),
-    (["--start", "FILE:BINARY"], "cannot read the prompt file"),
+    (["--start", "FILE:BINARY"], "(it is not UTF-8 text): pass --start FILE:path to a UTF-8 text file"),
+    (["--start", "FILE:/dev/zero"], "(it is not a regular file)"),
+    (["--start", "FILE:EMPTY"], "the prompt file"),
     (["--device", "tpu"], "unknown or not on this machine"),
-    (["--out_dir", "FOLDER"], "no checkpoint at"),
+    (["--out_dir", "FOLDER"], "no checkpoint file at"),
+    (["--out_dir", "CKPT_FOLDER"], "no checkpoint file at"),  # ckpt.pt is a folder
     (["--out_dir", "CORRUPT"], "is not a checkpoint this gpt.py can load (UnpicklingError"),
     (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError"),
 ])
 def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir, capsys, flags, match):
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "EMPTY").write_text("")
     os.makedirs(tmp_path / "FOLDER")
+    os.makedirs(tmp_path / "CKPT_FOLDER" / "ckpt.pt")
     os.makedirs(tmp_path / "CORRUPT")
     (tmp_path / "CORRUPT" / "ckpt.pt").write_bytes(b"not a checkpoint")
     os.makedirs(tmp_path / "MISFIT")
     ckpt = torch.load(os.path.join(trained_dir, "ckpt.pt"), weights_only=True)
     ckpt["config"]["n_embd"] = 32  # the weights no longer fit the model
     torch.save(ckpt, tmp_path / "MISFIT" / "ckpt.pt")
-    flags = [re.sub("FOLDER|BINARY|CORRUPT|MISFIT", lambda m: str(tmp_path / m.group(0)), f) for f in flags]
+    flags = [re.sub("CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY", lambda m: str(tmp_path / m.group(0)), f)
+             for f in flags]
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)
     assert match in message, message
     assert capsys.readouterr().out == ""  # refused before printing anything
@@ -759,12 +766,15 @@ def test_check_runs_where_torch_cannot_be_imported():
 
 
 @pytest.mark.parametrize("content, match", [
-    (None, "No such file"), ("FOLDER", "Is a directory"), (bytes(range(256)) * 40, "it is not UTF-8 text"),
+    (None, "there is no such file"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),
+    (bytes(range(256)) * 40, "it is not UTF-8 text"),
     (b"", "has 0 characters"), (b"a", "has 1 characters"), (b"hello world", "has 11 characters"),
 ])
 def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, content, match):
     path = tmp_path / "text"
-    if content == "FOLDER":
+    if content == "/dev/zero":
+        path = content
+    elif content == "FOLDER":
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)

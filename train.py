@@ -12,6 +12,7 @@ import math
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 import time
@@ -82,23 +83,27 @@ def parse_args(argv=None):
     return args, {name: value for name, value in vars(args).items() if value is not None and name not in own}
 
 
-def read_text(path):
+def read_text(path, what="the data file", flag="--data"):
+    """The UTF-8 text at path, or one line that says why not and how to fix it."""
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # a folder; or a device or a pipe, which could be read forever
+            raise OSError(0, "it is a folder" if stat.S_ISDIR(mode) else "it is not a regular file")
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
-        raise ValueError(f"cannot read the data file {path} ({reason}): pass --data a UTF-8 text file") from None
+        raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a UTF-8 text file") from None
     if not text:
-        raise ValueError(f"the data file {path} is empty: pass --data PATH to a text with something in it")
+        raise ValueError(f"{what} {path} is empty: pass {flag} a text with something in it")
     return text
 
 
 def load(path, device=""):
     """gpt.load_checkpoint, with one line that says what is wrong when path holds no checkpoint it can read."""
     device = gpt.get_device(str(device))
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path}: train one first with python train.py")
+    if not os.path.isfile(path):  # missing, or a folder, a device or a pipe
+        raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
     try:
         return gpt.load_checkpoint(path, device)
     except Exception as e:
