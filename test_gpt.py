@@ -168,9 +168,14 @@ def test_logits_shape_and_causality(name):
     assert not torch.allclose(logits2[:, 6:], logits[:, 6:])
 
 
-def test_sequence_longer_than_block_size_is_refused():
-    with pytest.raises(ValueError, match="longer than block_size"):
-        tiny_model()(torch.zeros(1, 13, dtype=torch.long))
+def test_a_sequence_longer_than_block_size_and_a_cache_fed_two_tokens_at_once_are_refused():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="13 tokens after 0 cached ones: a sequence may not be longer than block_size"):
+        model(torch.zeros(1, 13, dtype=torch.long))
+    cache = gpt.KVCache(model.config)
+    model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="after a cached prompt come one token at a time"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache=cache)  # a mask aligned to the top left would be wrong
 
 
 def test_loss_at_init_is_that_of_a_uniform_guess():
