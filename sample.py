@@ -10,6 +10,7 @@ import train
 
 AT_LEAST_1 = train.number(int, lambda n: n >= 1, "at least 1")
 
+
 def main(argv=None):
     parser = train.Parser(description="Sample text from out_dir/ckpt.pt, printed as it is drawn.")
     parser.add_argument("--out_dir", default="out", help="folder of ckpt.pt (default: %(default)s)")
@@ -21,8 +22,8 @@ def main(argv=None):
     parser.add_argument("--temperature", type=train.number(float, lambda t: 0 <= t < math.inf, "a number >= 0"),
                         default=0.8,
                         help="below 1 is safer, above 1 wilder, 0 always takes the likeliest (default: %(default)s)")
-    parser.add_argument("--top_k", type=AT_LEAST_1, default=None, help="sample only from the k likeliest "
-                                                                            "(default: all)")
+    parser.add_argument("--top_k", type=AT_LEAST_1, default=None,
+                        help="sample only from the k likeliest (default: all)")
     parser.add_argument("--top_p", type=train.number(float, lambda p: 0 < p <= 1, "in (0, 1]"), default=None,
                         help="sample only from the likeliest whose probability reaches p (default: all)")
     parser.add_argument("--seed", type=train.number(int, lambda s: 0 <= s < 2 ** 32, "in [0, 2**32)"), default=1337,
@@ -53,8 +54,6 @@ def main(argv=None):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)
     except (ValueError, OSError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and "memory" not in str(e):
-            raise  # not out of memory but a bug, which its traceback helps to find
         sys.exit(f"error: {train.one_line(e, 'sample on another --device, or from a smaller model')}")
 
 

@@ -2,10 +2,11 @@
 Data-parallel over GPUs or CPU processes: torchrun --standalone --nproc_per_node=N train.py [...]
 
 gpt.py holds the model and the training loop, gpt.Trainer.steps(). This file is the command line around that loop and
-what a long run needs: DDP, resuming, saving on Ctrl-C or SIGTERM, the NaN stop, progress lines with an ETA, and a
-closing report with a sample.
+what a long run needs: DDP, resuming, saving on Ctrl-C and the signals schedulers send, the NaN stop, progress lines
+with an ETA, and a closing report with a sample.
 """
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -146,11 +147,20 @@ def check_out_dir(out_dir):
         raise ValueError(f"cannot write {path} ({e.strerror}): pass --out_dir a writable folder") from None
 
 
-def resume_state(trainer, ckpt, path, rank):
-    """Puts a resumed run where its checkpoint left it: AdamW's moments, the iteration, the clock, the random states."""
+def resumed(tc, text, path, given, rank, log):
+    """A Trainer that goes on where the checkpoint at path stopped: its model and characters, AdamW's moments, the
+    iteration, the clock and the random states. Model options given that differ from the checkpoint's are named as
+    ignored, and the options it records say which model it holds."""
+    model, tokenizer, ckpt = load(path, tc.device)
+    ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
+               if name in given and given[name] != getattr(model.config, name)]
+    if ignored:
+        log(f"--resume keeps the checkpoint's model, so these are ignored: {', '.join(ignored)}")
+    tc = dataclasses.replace(tc, **{name: getattr(model.config, name) for name in MODEL_OPTIONS})
     missing = [key for key in ("optimizer", "iter", "elapsed", "rng") if key not in ckpt]
     if missing:
         raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; train without --resume")
+    trainer = gpt.Trainer(process_config(tc, rank), text, model.train(), tokenizer, log)
     try:
         trainer.optimizer.load_state_dict(ckpt["optimizer"])
         trainer.it, trainer.elapsed = int(ckpt["iter"]), float(ckpt["elapsed"])
@@ -162,6 +172,65 @@ def resume_state(trainer, ckpt, path, rank):
     if rank:  # only the first process's random states are saved: the others draw new streams of their own
         trainer.generator.manual_seed(trainer.tc.seed + 1_000_003 * trainer.it)
         torch.manual_seed(trainer.tc.seed + 1_000_003 * trainer.it)
+    log(f"resuming {path} at iteration {trainer.it}")
+    return trainer
+
+
+def process_config(tc, rank):
+    """Each process draws its own batches (DDP starts every copy of the model from the first one's weights), and only
+    the first writes checkpoints."""
+    return dataclasses.replace(tc, seed=tc.seed + rank, out_dir=tc.out_dir if rank == 0 else "")
+
+
+@contextlib.contextmanager
+def signals_caught():
+    """While training, a stopping signal only joins the list this yields, so the step under way finishes whole and
+    can be saved. Handlers can be set only in the main thread; elsewhere the signals keep theirs."""
+    caught = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    handlers = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in STOPS} if main_thread else {}
+    try:
+        yield caught
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def agree(trainer, stop, world):
+    """Under DDP, every process must stop at the same step and read the same clock (max_time), or the others wait
+    forever in the next all-reduce: each takes the largest stop signal and clock of them all."""
+    if world == 1:
+        return stop
+    flags = torch.tensor([stop, trainer.elapsed], dtype=torch.float64, device=trainer.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    trainer.elapsed = flags[1].item()
+    return int(flags[0])
+
+
+class Progress:
+    """The progress line: loss, learning rate, the steps' own time (the evaluations between them left out), and ETA."""
+
+    def __init__(self, trainer, tokens_per_step):
+        self.trainer, self.tokens_per_step = trainer, tokens_per_step
+        self.t_step = self.t_line = time.time()
+        self.it_line, self.timed, self.timed_steps = trainer.it, 0.0, 0
+
+    def step(self):
+        """Called after each step: it counts unless an evaluation ran since the step before."""
+        now = time.time()
+        if (self.trainer.it - 1) % self.trainer.tc.eval_interval:
+            self.timed, self.timed_steps = self.timed + now - self.t_step, self.timed_steps + 1
+        self.t_step = now
+
+    def line(self, loss):
+        trainer, tc, it = self.trainer, self.trainer.tc, self.trainer.it
+        dt = max(self.timed / self.timed_steps if self.timed_steps else
+                 (self.t_step - self.t_line) / max(1, it - self.it_line), 1e-9)  # seconds per step
+        left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
+        self.t_line, self.it_line, self.timed, self.timed_steps = self.t_step, it, 0.0, 0
+        return (f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
+                f"{trainer.optimizer.param_groups[0]['lr']:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} "
+                f"ms/iter | {self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
 
 
 @torch.no_grad()
@@ -179,7 +248,7 @@ def loss_by_position(trainer):
 
 def run(tc, text, log=print, resume=False, log_interval=100, compile=False, given=()):
     """Trains as tc says, around gpt.Trainer.steps(); under torchrun, data-parallel. Returns the trainer and the
-    signal that stopped it, or None when it ran to the end. given: the option names the user set, for --resume."""
+    signal that stopped it, or None when it ran to the end. given: the options the user set, for --resume."""
     rank, local_rank, world = distributed()
     if world == 1:
         return _run(tc, text, log, resume, log_interval, compile, given, 0, 1)
@@ -198,20 +267,8 @@ def _run(tc, text, log, resume, log_interval, compile, given, rank, world):
     path = os.path.join(tc.out_dir, "ckpt.pt")
     if tc.out_dir and rank == 0:
         check_out_dir(tc.out_dir)
-    model = tokenizer = ckpt = None
-    if resume:
-        model, tokenizer, ckpt = load(path, tc.device)
-        ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
-                   if name in given and given[name] != getattr(model.config, name)]
-        if ignored:
-            log(f"--resume keeps the checkpoint's model, so these are ignored: {', '.join(ignored)}")
-        tc = dataclasses.replace(tc, **{name: getattr(model.config, name) for name in MODEL_OPTIONS})
-    # Each process draws its own batches; DDP starts every copy of the model from the first process's weights.
-    trainer = gpt.Trainer(dataclasses.replace(tc, seed=tc.seed + rank, out_dir=tc.out_dir if rank == 0 else ""),
-                          text, model and model.train(), tokenizer, log)
-    if ckpt:
-        resume_state(trainer, ckpt, path, rank)
-        log(f"resuming {path} at iteration {trainer.it}")
+    trainer = resumed(tc, text, path, given, rank, log) if resume else \
+        gpt.Trainer(process_config(tc, rank), text, log=log)
     cuda = trainer.device.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -220,47 +277,27 @@ def _run(tc, text, log, resume, log_interval, compile, given, rank, world):
     if world > 1:
         trainer.train_model = torch.nn.parallel.DistributedDataParallel(
             trainer.train_model, device_ids=[trainer.device.index] if cuda else None)
-    caught = []  # a signal only raises this flag, so the step under way finishes and is saved whole
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in STOPS}
-    tokens_per_step = tc.batch_size * trainer.model.config.block_size * tc.grad_accum * world
     n_params = sum(p.numel() for p in trainer.model.parameters())
     log(f"{n_params / 1e6:.2f}M parameters on {trainer.device}" + (f", {world} processes" if world > 1 else ""))
-    t_prev = t_log = time.time()
-    it_log, timed, timed_steps = trainer.it, 0.0, 0  # the steps' own time since the last line, evaluations left out
-    try:
+    progress = Progress(trainer, tc.batch_size * trainer.model.config.block_size * tc.grad_accum * world)
+    with signals_caught() as caught:
         for _ in trainer.steps():
-            now, it = time.time(), trainer.it
-            if (it - 1) % tc.eval_interval:  # the step before this one was not followed by an evaluation
-                timed, timed_steps = timed + now - t_prev, timed_steps + 1
-            t_prev = now
-            stop = max(caught, default=0)
-            if world > 1:  # every process must stop at the same step, and read the same clock, or the rest wait
-                flags = torch.tensor([stop, trainer.elapsed], dtype=torch.float64, device=trainer.device)
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                stop, trainer.elapsed = int(flags[0]), flags[1].item()
+            progress.step()
+            it, stop = trainer.it, agree(trainer, max(caught, default=0), world)
             last = stop or trainer.done()
-            if it % log_interval == 0 or it % tc.eval_interval == 0 or last:  # and before every save
+            if it % log_interval == 0 or it % tc.eval_interval == 0 or last:  # and so before every save
                 loss = trainer.loss.item()
                 if not math.isfinite(loss):
                     raise ValueError(f"the training loss is {loss} at iteration {it}: training diverged; lower "
                                      f"--learning_rate or raise --warmup_iters (the last good checkpoint in "
                                      f"{tc.out_dir} is left as it was)")
-            if it % log_interval == 0 or last:
-                dt = max(timed / timed_steps if timed_steps else (now - t_log) / max(1, it - it_log), 1e-9)
-                left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
-                log(f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
-                    f"{trainer.optimizer.param_groups[0]['lr']:.2e} | {tokens_per_step} tok/step | {dt * 1000:.1f} "
-                    f"ms/iter | {tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
-                t_log, it_log, timed, timed_steps = now, it, 0.0, 0
+                if it % log_interval == 0 or last:
+                    log(progress.line(loss))
             if stop:
                 trainer.save()
-                log(f"{signal.Signals(stop).name}: saved iteration {it} to {path}; continue with --resume")
+                log(f"{signal.Signals(stop).name}: " + (f"saved iteration {it} to {path}; continue with --resume"
+                                                        if tc.out_dir else f"stopped at iteration {it}, unsaved"))
                 return trainer, stop
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
     if rank == 0 and trainer.history["val"]:
         report(trainer, path, log)
     elif rank == 0:
@@ -293,8 +330,6 @@ def main(argv=None):
     except KeyboardInterrupt:  # before the training loop, which saves and returns on its own: nothing to save
         sys.exit(130)
     except (ValueError, OSError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and "memory" not in str(e):
-            raise  # not out of memory but a bug, which its traceback helps to find
         # Under torchrun every process meets the same error; the first one says it.
         sys.exit(f"error: {one_line(e)}" if world == 1 or os.environ.get("RANK") == "0" else 1)
     if stopped:
@@ -302,9 +337,12 @@ def main(argv=None):
 
 
 def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
-    """What the error says, on one line; out of memory, with the advice."""
+    """What the error says, on one line; out of memory, with the advice. Any other RuntimeError is a bug, raised again
+    with its traceback, which helps to find it."""
     if isinstance(error, (ValueError, OSError)):
         return str(error)
+    if "memory" not in str(error):
+        raise error
     return f"out of memory ({(str(error).strip().splitlines() or [''])[0]}): {advice}"
 
 
