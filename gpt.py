@@ -228,6 +228,7 @@ def filter_logits(logits, top_k=None, top_p=None):
     if top_p is not None:
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
         drop = probs.cumsum(dim=-1) - probs >= top_p  # the tokens before this one already reach top_p
+        drop[..., 0] = False  # the likeliest stays, also where float32 rounds a tiny top_p to 0
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
@@ -387,7 +388,6 @@ class Trainer:
 
 def train(tc, text, log=print):
     """Trains a GPT on text as tc says, saving out_dir/ckpt.pt; returns it and its evaluations (history)."""
-    trainer = Trainer(tc, text, log=log)
-    for _ in trainer.steps():
+    for trainer in Trainer(tc, text, log=log).steps():  # each step yields the trainer, and a new one takes one at least
         pass
     return trainer.model, trainer.history

@@ -357,8 +357,10 @@ def filter_logits(logits, top_k=None, top_p=None):
     if top_p is not None:
         order = np.argsort(-logits, axis=-1, kind="stable")  # likeliest first
         probs = np.take_along_axis(softmax_forward(logits)[0], order, axis=-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # the tokens before this one already reach top_p
+        drop_sorted[..., 0] = False  # the likeliest stays
         drop = np.empty(logits.shape, dtype=bool)
-        np.put_along_axis(drop, order, probs.cumsum(-1) - probs >= top_p, axis=-1)  # those before reach top_p
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
         logits = np.where(drop, -np.inf, logits)
     return logits
 
@@ -576,7 +578,7 @@ def main(argv=None):
           f"{config.n_embd} wide, context {T}) on {args.path} with NumPy alone, for {args.seconds:g} s")
     print("untrained, it writes: " + repr(decode(model.generate(prompt, 60, generator=rng)[0, 1:])))
     t0, step, last_report = time.time(), 0, 0.0
-    while time.time() - t0 < args.seconds:
+    while step == 0 or time.time() - t0 < args.seconds:  # one step at least
         _, loss = model.forward(*batch(data[:n]))
         optimizer.step(model.backward())
         if step == 0:

@@ -229,6 +229,7 @@ def test_top_k_and_top_p_keep_exactly_the_right_tokens():
     assert kept(top_p=0.7) == [False, True, False, True, False]  # 0.4 + 0.3 reaches 0.7
     assert kept(top_p=0.71) == [False, True, False, True, True]
     assert kept(top_p=0.01) == [False, True, False, False, False]  # the likeliest always stays
+    assert kept(top_p=1e-300) == [False, True, False, False, False]  # also where float32 rounds top_p to 0
     assert kept(top_p=1.0) == [True] * 5
     assert kept(top_k=3, top_p=0.5) == [False, True, False, True, False]
 
@@ -523,6 +524,7 @@ def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
       for value in ("nan", "inf", "-1")],
     (["--top_p", "0"], "argument --top_p: must be in (0, 1], got 0"),
     (["--top_p", "1.2"], "argument --top_p: must be in (0, 1]"),
+    (["--top_p", "1e-300", "--start", "\u00e9"], "not in the vocabulary"),  # a tiny top_p is accepted
     (["--top_k", "0"], "argument --top_k: must be at least 1"),
     (["--num_samples", "0"], "argument --num_samples: must be at least 1"),
     (["--max_new_tokens", "-5"], "argument --max_new_tokens: must be at least 1"),
@@ -700,7 +702,8 @@ def test_twin_init_matches_gpt_names_and_shapes():
 
 def test_twin_filter_logits_keeps_what_gpt_keeps():
     logits = torch.randn(64, 30, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    for kwargs in (dict(top_k=3), dict(top_p=0.5), dict(top_p=0.95), dict(top_k=10, top_p=0.8), dict(top_p=1.0)):
+    for kwargs in (dict(top_k=3), dict(top_p=0.5), dict(top_p=0.95), dict(top_k=10, top_p=0.8), dict(top_p=1.0),
+                   dict(top_p=1e-300)):
         ours = np.isfinite(gpt_numpy.filter_logits(logits.numpy(), **kwargs))
         assert np.array_equal(ours, torch.isfinite(gpt.filter_logits(logits, **kwargs)).numpy()), kwargs
 
@@ -795,6 +798,7 @@ def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
     (tmp_path / "text").write_text(TEXT[:3000].replace("\n", " "), encoding="utf-8")
     done = run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "3")
     assert done.returncode == 0, done.stderr
+    assert run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "1e-9").returncode == 0  # one step at least
     out = done.stdout
     assert re.search(r"untrained, it writes: (['\"]).+\1\nstep 0: loss (\d\.\d+) \(a model that knows nothing scores "
                      r"ln\(\d+\) = \d\.\d+\)", out), out
