@@ -364,6 +364,16 @@ def test_a_signal_saves_the_step_under_way_says_so_and_exits_non_zero(tmp_path, 
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == int(said.group(1)) >= 3
 
 
+def test_a_second_signal_stops_at_once_and_the_handlers_are_restored_after():
+    before = signal.getsignal(signal.SIGTERM)
+    with train.signals_caught() as caught:
+        signal.raise_signal(signal.SIGTERM)
+        assert caught == [signal.SIGTERM]  # the first only raises the flag
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     tc = tiny_train_config(tmp_path)
     train.run(tc, TEXT, quiet)

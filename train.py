@@ -185,10 +185,17 @@ def process_config(tc, rank):
 @contextlib.contextmanager
 def signals_caught():
     """While training, a stopping signal only joins the list this yields, so the step under way finishes whole and
-    can be saved. Handlers can be set only in the main thread; elsewhere the signals keep theirs."""
+    can be saved; a second one stops at once, unsaved (the last checkpoint stays as it was). Handlers can be set only
+    in the main thread; elsewhere the signals keep theirs."""
     caught = []
+
+    def on_signal(signum, frame):
+        if caught:
+            raise KeyboardInterrupt  # the second: do not wait for the step
+        caught.append(signum)
+
     main_thread = threading.current_thread() is threading.main_thread()
-    handlers = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in STOPS} if main_thread else {}
+    handlers = {s: signal.signal(s, on_signal) for s in STOPS} if main_thread else {}
     try:
         yield caught
     finally:
@@ -327,7 +334,7 @@ def main(argv=None):
         tc = gpt.TrainConfig(**{**defaults, **given})
         text = read_text(args.data)
         _, stopped = run(tc, text, printer, args.resume, args.log_interval, args.compile, given)
-    except KeyboardInterrupt:  # before the training loop, which saves and returns on its own: nothing to save
+    except KeyboardInterrupt:  # before the training loop, or a second signal in it: nothing more to save
         sys.exit(130)
     except (ValueError, OSError, RuntimeError) as e:
         # Under torchrun every process meets the same error; the first one says it.
