@@ -219,14 +219,31 @@ def versus_nanogpt(nano, device, rounds=5):
                 past_tokens_per_s={who: PAST_TOKENS / sampling["past", who] for who in ("ours", "nanoGPT")})
 
 
+def decode_step(device, context=150):
+    """One token sampled with the KV cache at nanoGPT's shakespeare_char model, after context cached positions."""
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device).eval()
+    cache, token = gpt.KVCache(model.config), torch.zeros(1, 1, dtype=torch.long, device=device)
+
+    @torch.inference_mode()
+    def step():
+        model(token, cache=cache)
+        cache.pos -= 1  # the same position again, each time
+
+    with torch.inference_mode():
+        model(torch.randint(0, 65, (1, context), device=device), cache=cache)
+    return step
+
+
 def profile_steps(device, steps=20, rows=8):
-    """The ops that take the most time in training steps at nanoGPT's CPU-recipe shape and at the default one:
-    {shape: [(op, ms per step, share of the step)]}, from torch.profiler's self time."""
+    """The ops that take the most time in training steps at nanoGPT's CPU-recipe shape and at the default one, and in
+    decode steps with the KV cache: {what: [(op, ms per step, share of the step)]}, from torch.profiler's self time."""
     tables = {}
-    for name, config, tc in (("nanoGPT CPU-recipe shape", gpt.GPTConfig(**RECIPE, **GPT2_BLOCK),
-                              gpt.TrainConfig(batch_size=RECIPE_BATCH)),
-                             ("default CPU", gpt.GPTConfig(), gpt.TrainConfig())):
-        step = our_step(config, tc, device)
+    for name, step in (("training, nanoGPT CPU-recipe shape", our_step(gpt.GPTConfig(**RECIPE, **GPT2_BLOCK),
+                                                                         gpt.TrainConfig(batch_size=RECIPE_BATCH),
+                                                                         device)),
+                       ("training, default CPU", our_step(gpt.GPTConfig(), gpt.TrainConfig(), device)),
+                       ("sampling, a token after 150 with the KV cache (6x384)", decode_step(device))):
         for _ in range(3):
             step()
         with torch.profiler.profile() as prof:
@@ -319,6 +336,5 @@ if __name__ == "__main__":
         main()
     except ValueError as e:  # a bad --data, --device or --nanogpt
         sys.exit(f"error: {e}")
-    except BrokenPipeError:  # the reader went away (python bench.py | head): end quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(141)
+    except BrokenPipeError:
+        train.end_quietly()

@@ -213,7 +213,7 @@ class GPT(nn.Module):
                 probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
                 next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
             yield next_id
-            idx, window = torch.cat([idx, next_id], dim=1), next_id  # (B, T + 1); the cache holds the rest
+            idx, window = torch.cat([idx, next_id], dim=1)[:, -block_size:], next_id  # what a refill would read
             if cache.pos == block_size:
                 # Past block_size the window slides: each cached key and value was computed at a position since shifted,
                 # with a token now out of view. So the window refills the cache: a full forward per token, as nanoGPT.

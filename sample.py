@@ -50,9 +50,8 @@ def main(argv=None):
     except KeyboardInterrupt:  # stop sampling without a traceback
         print()
         sys.exit(130)
-    except BrokenPipeError:  # the reader went away (python sample.py | head): end quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(141)
+    except BrokenPipeError:
+        train.end_quietly()
     except (ValueError, OSError, RuntimeError) as e:
         sys.exit(f"error: {train.one_line(e, 'sample on another --device, or from a smaller model')}")
 

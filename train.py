@@ -126,6 +126,12 @@ def printer(*args):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def end_quietly():
+    """For a reader gone away (python sample.py | head): no traceback, and the exit status of cat in its place."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit then goes nowhere
+    sys.exit(141)
+
+
 def distributed():
     """(rank, local rank, world size) as torchrun sets them; (0, 0, 1) in a single process."""
     try:
