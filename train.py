@@ -118,17 +118,22 @@ def default_prompt(tokenizer):
     return "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
 
 
+def silence_stdout():
+    """Points stdout at /dev/null, so that later prints, and the flush at exit, no longer fail."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def printer(*args):
     """print, but when stdout goes away (python train.py | head) training goes on without it."""
     try:
         print(*args, flush=True)
-    except OSError:  # BrokenPipeError, or a full disk: later prints, and the flush at exit, go to /dev/null
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:  # BrokenPipeError, or a full disk
+        silence_stdout()
 
 
 def end_quietly():
     """For a reader gone away (python sample.py | head): no traceback, and the exit status of cat in its place."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit then goes nowhere
+    silence_stdout()
     sys.exit(141)
 
 
