@@ -170,7 +170,7 @@ def load_nanogpt(folder):
     try:
         spec.loader.exec_module(module)
         module.GPT, module.GPTConfig
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # SystemExit: a model.py that calls sys.exit() as it loads
         raise ValueError(f"cannot import GPT and GPTConfig from {path} ({type(e).__name__}: {e})") from None
     return module
 
@@ -279,6 +279,10 @@ def main():
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args()
     device = gpt.get_device(args.device)
+    try:  # an unwritable --json fails now, not after minutes of measuring
+        json_file = args.json and open(args.json, "w")
+    except OSError as e:
+        raise ValueError(f"cannot write {args.json} ({e.strerror}): pass --json a file in a folder that exists")
     figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads(),
                    device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, {figures['date']}")
@@ -326,15 +330,15 @@ def main():
             t = figures["twin_ms"] = bench_twin()
             print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
                   f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    if json_file:
+        with json_file:
+            json.dump(figures, json_file, indent=1)
 
 
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as e:  # a bad --data, --device or --nanogpt
+    except ValueError as e:  # a bad --data, --device, --nanogpt or --json
         sys.exit(f"error: {e}")
     except BrokenPipeError:
         train.end_quietly()

@@ -36,6 +36,8 @@ def main(argv=None):
         start = train.default_prompt(tokenizer) if args.start is None else args.start
         if start.startswith("FILE:"):
             start = train.read_text(start[5:], "the prompt file", "--start FILE:path to")
+        if not start:
+            raise ValueError("--start is empty: give it a character or more, or leave it out for the default prompt")
         prompt = torch.tensor([tokenizer.encode(start)], dtype=torch.long, device=device)
         generator = torch.Generator(device).manual_seed(args.seed)
         for i in range(args.num_samples):

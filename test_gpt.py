@@ -486,6 +486,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--out_dir", "FOLDER"], "pass --out_dir a writable folder"),  # FOLDER/ckpt.pt is a folder
     (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
+    (["--resume", "--data", "NEW_CHARS"], "never saw ('#'): resume on the text it was trained on (--data)"),
 ])
 def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys, trained_dir, flags, match):
     before = {p: open(os.path.join(trained_dir, p), "rb").read() for p in os.listdir(trained_dir)}
@@ -497,8 +498,9 @@ def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys,
     torch.save({k: v for k, v in ckpt.items() if k not in ("optimizer", "rng")}, tmp_path / "NO_STATE" / "ckpt.pt")
     data = tmp_path / "data.txt"
     data.write_text(TEXT, encoding="utf-8")
+    (tmp_path / "NEW_CHARS").write_text(TEXT + "#", encoding="utf-8")
     names = dict(MISSING=tmp_path / "missing.txt", FOLDER=tmp_path / "FOLDER", BINARY=tmp_path / "BINARY",
-                 EMPTY=tmp_path / "EMPTY", DATA=data, NO_STATE=tmp_path / "NO_STATE")
+                 EMPTY=tmp_path / "EMPTY", DATA=data, NO_STATE=tmp_path / "NO_STATE", NEW_CHARS=tmp_path / "NEW_CHARS")
     flags = [re.sub("|".join(names), lambda m: str(names[m.group(0)]), f) for f in flags]
     message = one_line_error(capsys, train, "--data", str(data), "--out_dir", trained_dir, "--max_iters", "2",
                              "--block_size", "16", *flags)
@@ -540,7 +542,7 @@ def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
     (["--max_new_tokens", "-5"], "argument --max_new_tokens: must be at least 1"),
     (["--seed", str(2 ** 63)], "argument --seed: must be in [0, 2**32)"),
     (["--start", "\u00e9"], "characters not in the vocabulary: '\u00e9'"),
-    (["--start", ""], "a prompt of 1 token or more"),
+    (["--start", ""], "--start is empty: give it a character or more"),
     (["--start", "FILE:/no/such/file"], "cannot read the prompt file /no/such/file (No such file"),
     (["--start", "FILE:FOLDER"], "cannot read the prompt file"),
     (["--start", "FILE:BINARY"], "(it is not UTF-8 text): pass --start FILE:path to a UTF-8 text file"),
@@ -549,8 +551,12 @@ def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--out_dir", "FOLDER"], "no checkpoint file at"),
     (["--out_dir", "CKPT_FOLDER"], "no checkpoint file at"),  # ckpt.pt is a folder
-    (["--out_dir", "CORRUPT"], "is not a checkpoint this gpt.py can load (UnpicklingError"),
+    (["--out_dir", "CORRUPT"], "can load (UnpicklingError: Weights only load failed.); train a new one"),  # the
+    # first sentence of torch's message, which goes on to suggest weights_only=False: not for a file that is junk
     (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError"),
+    (["--out_dir", "TRUNCATED"], "is not a checkpoint this gpt.py can load ("),
+    (["--out_dir", "EMPTY_CKPT"], "can load (EOFError); train a new one"),
+    (["--out_dir", "FEW_CHARS"], "(ValueError: 5 characters for a vocab_size of"),
 ])
 def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir, capsys, flags, match):
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)
@@ -563,8 +569,16 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     ckpt = torch.load(os.path.join(trained_dir, "ckpt.pt"), weights_only=True)
     ckpt["config"]["n_embd"] = 32  # the weights no longer fit the model
     torch.save(ckpt, tmp_path / "MISFIT" / "ckpt.pt")
-    flags = [re.sub("CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY", lambda m: str(tmp_path / m.group(0)), f)
-             for f in flags]
+    for name in ("TRUNCATED", "EMPTY_CKPT", "FEW_CHARS"):
+        os.makedirs(tmp_path / name)
+    whole = open(os.path.join(trained_dir, "ckpt.pt"), "rb").read()
+    (tmp_path / "TRUNCATED" / "ckpt.pt").write_bytes(whole[:len(whole) // 2])
+    (tmp_path / "EMPTY_CKPT" / "ckpt.pt").write_bytes(b"")
+    ckpt = torch.load(os.path.join(trained_dir, "ckpt.pt"), weights_only=True)
+    ckpt["chars"] = ckpt["chars"][:5]  # too few characters for the model's vocabulary
+    torch.save(ckpt, tmp_path / "FEW_CHARS" / "ckpt.pt")
+    flags = [re.sub("CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS",
+                    lambda m: str(tmp_path / m.group(0)), f) for f in flags]
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)
     assert match in message, message
     assert capsys.readouterr().out == ""  # refused before printing anything
@@ -574,6 +588,20 @@ def test_sampling_needs_no_prompt_when_the_text_had_no_newline(tmp_path):
     train.run(tiny_train_config(tmp_path, max_iters=2), TEXT.replace("\n", " "), quiet)
     done = run_cli("sample.py", "--out_dir", str(tmp_path / "out"), "--max_new_tokens", "20", "--temperature", "1e-300")
     assert done.returncode == 0 and done.stderr == "" and len(done.stdout) > 20, done.stderr
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--quality", "1", "--json", "FOLDER"], "cannot write"),  # before the run, not after it has measured for minutes
+    (["--nanogpt", "FOLDER"], "no model.py in"),
+    (["--nanogpt", "EXITS"], "cannot import GPT and GPTConfig from"),
+])
+def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, flags, match):
+    os.makedirs(tmp_path / "FOLDER")
+    os.makedirs(tmp_path / "EXITS")
+    (tmp_path / "EXITS" / "model.py").write_text("import sys\nsys.exit(0)\n")
+    done = run_cli("bench.py", *[str(tmp_path / f) if f.isupper() else f for f in flags])
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and match in done.stderr, done.stderr
+    assert "val loss" not in done.stdout
 
 
 # ---------------------------------------------------------------------------------------------------- the NumPy twin

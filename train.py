@@ -106,11 +106,14 @@ def load(path, device=""):
     if not os.path.isfile(path):  # missing, or a folder, a device or a pipe
         raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
     try:
-        return gpt.load_checkpoint(path, device)
+        model, tokenizer, ckpt = gpt.load_checkpoint(path, device)
+        if tokenizer.vocab_size != model.config.vocab_size:  # else decoding a sampled token would fail
+            raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of {model.config.vocab_size}")
+        return model, tokenizer, ckpt
     except Exception as e:
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}: {first_line}); "
-                         f"train a new one with python train.py") from None
+        first = re.split(r"(?<=\.)\s|\n", str(e).strip())[0]  # torch's own messages go on for lines
+        raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}"
+                         f"{': ' + first if first else ''}); train a new one with python train.py") from None
 
 
 def default_prompt(tokenizer):
@@ -171,6 +174,10 @@ def resumed(tc, text, path, given, rank, log):
     missing = [key for key in ("optimizer", "iter", "elapsed", "rng") if key not in ckpt]
     if missing:
         raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; train without --resume")
+    unknown = "".join(sorted(set(text) - tokenizer.stoi.keys()))
+    if unknown:
+        raise ValueError(f"the text has characters {path} never saw ({unknown!r}): resume on the text it was trained "
+                         f"on (--data), or train without --resume")
     trainer = gpt.Trainer(process_config(tc, rank), text, model.train(), tokenizer, log)
     try:
         trainer.optimizer.load_state_dict(ckpt["optimizer"])
