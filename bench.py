@@ -2,7 +2,7 @@
 
     python bench.py                                         # matmul peaks, training steps, sampling, the NumPy twin
     python bench.py --nanogpt ../shared/reference/nanogpt   # the same run beside nanoGPT's model.py from that folder
-    python bench.py --profile                               # where a training step's time goes
+    python bench.py --profile                               # where a training and a decode step's time goes
     python bench.py --quality 140 --data ../shared/data/tinyshakespeare.txt   # val loss after 140 s of training
     python bench.py --json bench.json                       # also write the figures, machine-readable
 
@@ -256,6 +256,27 @@ def profile_steps(device, steps=20, rows=8):
     return tables
 
 
+def weight_reads(device, rounds=7):
+    """GB/s at which the one-row matmuls of a cached decode step read the 6x384 model's weights, against a sum over
+    the same tensors: how near the step's matmuls come to the speed of this machine's memory."""
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device)
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    rows = {n: torch.randn(1, n, device=device) for n in {w.size(1) for w in weights}}  # one token's input
+
+    def matmuls():
+        for w in weights:
+            torch.nn.functional.linear(rows[w.size(1)], w)
+
+    def sums():
+        for w in weights:
+            w.sum()
+
+    t = interleaved({"one-row matmuls": matmuls, "sums": sums}, device, rounds, repeats=10)
+    size = sum(w.numel() * w.element_size() for w in weights)
+    return dict(megabytes=size / 1e6, **{name: size / seconds / 1e9 for name, seconds in t.items()})
+
+
 def bench_quality(seconds, data):
     """Trains the default CPU config for `seconds` of wall time; returns the final val loss (100 batches)."""
     lines = []
@@ -270,7 +291,7 @@ def bench_quality(seconds, data):
 def main():
     parser = train.Parser(description="Benchmark gpt.py on this machine.")
     parser.add_argument("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
-    parser.add_argument("--profile", action="store_true", help="instead: profile training steps")
+    parser.add_argument("--profile", action="store_true", help="instead: profile training and decode steps")
     parser.add_argument("--quality", type=train.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
                         help="instead: train the default CPU config this long and report its val loss")
     parser.add_argument("--data", default="input.txt", help="text for --quality (default: %(default)s)")
@@ -311,6 +332,9 @@ def main():
             print(f"\n{name}: ms per step in each op's own code (torch.profiler, 20 steps)")
             for op, ms, share in rows:
                 print(f"  {op[:48]:48s} {ms:7.2f} ms {share:6.1%}")
+        r = figures["weight_reads_gb_per_s"] = weight_reads(device)
+        print(f"\nreading the 6x384 model's {r['megabytes']:.0f} MB of weights, as each decode step does: one-row "
+              f"matmuls {r['one-row matmuls']:.1f} GB/s, a sum of each tensor {r['sums']:.1f} GB/s")
     else:
         cuda = device.type == "cuda"
         bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else native_bf16()
