@@ -60,6 +60,8 @@ class GPTConfig:
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if getattr(self, "min_lr", 0) > getattr(self, "learning_rate", 1):  # TrainConfig's: a decay must not rise
+            raise ValueError(f"min_lr ({self.min_lr}) is above learning_rate ({self.learning_rate}): lower min_lr too")
 
 
 def Norm(config):  # eps 1e-5 for both, LayerNorm's default: RMSNorm's own default would depend on the dtype
@@ -327,8 +329,7 @@ class Trainer:
     def __init__(self, tc, text, model=None, tokenizer=None, log=print):
         self.tc, self.log, self.device = tc, log, get_device(tc.device)
         self.tokenizer = tokenizer or CharTokenizer(text)
-        data = torch.tensor(self.tokenizer.encode(text))
-        n = int(0.9 * len(data))
+        data, n = torch.tensor(self.tokenizer.encode(text)), int(0.9 * len(text))  # one token per character
         self.splits = {"train": data[:n], "val": data[n:]}  # the last 10% is held out
         torch.manual_seed(tc.seed)  # the initial weights, then dropout
         config = {**{f.name: getattr(tc, f.name) for f in fields(GPTConfig)}, "vocab_size": self.tokenizer.vocab_size}
@@ -336,8 +337,7 @@ class Trainer:
         if len(data) - n <= self.model.config.block_size:
             raise ValueError(f"the text's last 10%, for validation, is too short for one block: give a longer text")
         self.optimizer = configure_optimizer(self.model, tc.learning_rate, tc.weight_decay, tc.beta2, self.device.type)
-        self.generator = torch.Generator().manual_seed(tc.seed)  # the batches
-        self.amp = autocast(self.device)
+        self.generator, self.amp = torch.Generator().manual_seed(tc.seed), autocast(self.device)  # generator: batches
         self.scaler = torch.amp.GradScaler(enabled=getattr(self.amp, "fast_dtype", None) == torch.float16)
         self.train_model = self.model  # what steps() runs: train.py may wrap it in torch.compile and DDP
         self.it, self.elapsed, self.loss, self.history = 0, 0.0, None, {"train": [], "val": []}

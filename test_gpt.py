@@ -130,10 +130,16 @@ def test_tokenizer_round_trip_and_unknown_characters():
     (dict(vocab_size=0), "vocab_size must be in"),
     (dict(dropout=1.0), "dropout must be in"),
     (dict(dropout=float("nan")), "dropout must be in"),
+    (dict(learning_rate=1e-4), r"min_lr \(0.0003\) is above learning_rate \(0.0001\): lower min_lr too"),
 ])
 def test_bad_config_is_refused(bad, message):
     with pytest.raises(ValueError, match=message):
-        gpt.GPTConfig(**{**TINY, **bad})
+        gpt.TrainConfig(**{**TINY, **bad})  # GPTConfig's checks, and the training's
+
+
+def test_a_learning_rate_that_stays_flat_is_allowed():
+    tc = gpt.TrainConfig(learning_rate=1e-4, min_lr=1e-4, warmup_iters=0, max_iters=10)
+    assert [gpt.lr_at(tc, it, 0.0) for it in range(10)] == pytest.approx([1e-4] * 10)
 
 
 @pytest.mark.parametrize("name", [name for name in gpt.LIMITS if name not in TINY and name != "dropout"])
@@ -470,6 +476,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--seed", str(2 ** 63)], "seed must be in"),
     (["--max_iters", "1e3"], "argument --max_iters: invalid int value"),
     (["--log_interval", "0"], "argument --log_interval: must be at least 1"),
+    (["--learning_rate", "1e-4"], "min_lr (0.0003) is above learning_rate (0.0001): lower min_lr too"),
     (["--nonsense", "1"], "unrecognized arguments: --nonsense"),
     (["--data", "MISSING"], "cannot read the data file"),
     (["--data", "FOLDER"], "(it is a folder): pass --data a UTF-8 text file"),
