@@ -192,7 +192,6 @@ class GPT(nn.Module):
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
 
-    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Extends idx (B, T) by max_new_tokens sampled tokens."""
         return torch.cat([idx, *self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator)], dim=1)
@@ -212,8 +211,7 @@ class GPT(nn.Module):
             else:
                 # Less the max, temperature at least 1e-30 (float32 rounds less to 0): tiny ones tend to greedy, no NaN
                 logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, 1e-30)
-                probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
-                next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+                next_id = torch.multinomial(F.softmax(filter_logits(logits, top_k, top_p), -1), 1, generator=generator)
             yield next_id
             idx, window = torch.cat([idx, next_id], dim=1)[:, -block_size:], next_id  # what a refill would read
             if cache.pos == block_size:
@@ -255,6 +253,8 @@ def save_checkpoint(ckpt, path):
     try:
         torch.save(ckpt, path + ".tmp")
         os.replace(path + ".tmp", path)
+    except RuntimeError as e:  # how torch's writer reports a full disk
+        raise OSError(f"cannot write {path}: is the disk full? Any file there is left as it was (torch: {e})") from None
     finally:  # a failed write or rename leaves no temporary file behind
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")

@@ -302,6 +302,17 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_and_no_temporary_fil
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write finds the disk full")
+def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=2, eval_interval=1)
+    train.main(flags)
+    before = open(tmp_path / "out" / "ckpt.pt", "rb").read()
+    os.symlink("/dev/full", tmp_path / "out" / "ckpt.pt.tmp")  # the next save writes there
+    message = one_line_error(capsys, train, *flags, "--resume", "--max_iters", "3")
+    assert "ckpt.pt: is the disk full? Any file there is left as it was (torch: " in message, message
+    assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == before
+
+
 @pytest.mark.parametrize("name", SWITCHES)
 def test_every_architecture_trains(tmp_path, name):
     tc = tiny_train_config(tmp_path, max_iters=300, eval_interval=300, learning_rate=6e-3, batch_size=16,

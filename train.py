@@ -362,13 +362,14 @@ def main(argv=None):
 
 
 def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
-    """What the error says, on one line; out of memory, with the advice. Any other RuntimeError is a bug, raised again
-    with its traceback, which helps to find it."""
+    """What the error says, its first line; out of memory, with the advice. Any other RuntimeError is a bug, raised
+    again with its traceback, which helps to find it."""
+    first = (str(error).strip().splitlines() or [""])[0]
     if isinstance(error, (ValueError, OSError)):
-        return str(error)
+        return first
     if "memory" not in str(error):
         raise error
-    return f"out of memory ({(str(error).strip().splitlines() or [''])[0]}): {advice}"
+    return f"out of memory ({first}): {advice}"
 
 
 if __name__ == "__main__":
