@@ -15,6 +15,7 @@ import importlib.util
 import io
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -283,7 +284,10 @@ def bench_quality(seconds, data):
     with tempfile.TemporaryDirectory() as out_dir:
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                              eval_iters=100, device="cpu")
-        trainer, _ = train.run(tc, train.read_text(data), log=lines.append)
+        trainer, stopped = train.run(tc, train.read_text(data), log=lines.append)
+    if stopped:  # Ctrl-C or another stopping signal, which train.run turns into a save and a return
+        print(f"{signal.Signals(stopped).name}: stopped after {trainer.elapsed:.0f} s, so no val loss", file=sys.stderr)
+        sys.exit(128 + stopped)
     return dict(seconds=seconds, data=data, iters=trainer.it, val_loss=trainer.history["val"][-1][1],
                 report=next(line for line in lines if line.startswith("what context buys")))
 
@@ -366,3 +370,5 @@ if __name__ == "__main__":
         sys.exit(f"error: {e}")
     except BrokenPipeError:
         train.end_quietly()
+    except KeyboardInterrupt:  # Ctrl-C: what was measured is printed already
+        sys.exit(130)

@@ -578,18 +578,21 @@ def main(argv=None):
           f"{config.n_embd} wide, context {T}) on {args.path} with NumPy alone, for {args.seconds:g} s")
     print("untrained, it writes: " + repr(decode(model.generate(prompt, 60, generator=rng)[0, 1:])))
     t0, step, last_report = time.time(), 0, 0.0
-    while step == 0 or time.time() - t0 < args.seconds:  # one step at least
-        _, loss = model.forward(*batch(data[:n]))
-        optimizer.step(model.backward())
-        if step == 0:
-            print(f"step 0: loss {loss:.3f} (a model that knows nothing scores ln({len(chars)}) = "
-                  f"{math.log(len(chars)):.3f})", flush=True)
-        step += 1
-        elapsed = time.time() - t0
-        if elapsed - last_report >= max(args.seconds / 10, 1):
-            print(f"{elapsed:.0f} s: step {step}, loss {loss:.3f}, {elapsed / step * 1000:.0f} ms/step", flush=True)
-            last_report = elapsed
-    ms_per_step = (time.time() - t0) / step * 1000
+    try:
+        while step == 0 or time.time() - t0 < args.seconds:  # one step at least
+            _, loss = model.forward(*batch(data[:n]))
+            optimizer.step(model.backward())
+            if step == 0:
+                print(f"step 0: loss {loss:.3f} (a model that knows nothing scores ln({len(chars)}) = "
+                      f"{math.log(len(chars)):.3f})", flush=True)
+            step += 1
+            elapsed = time.time() - t0
+            if elapsed - last_report >= max(args.seconds / 10, 1):
+                print(f"{elapsed:.0f} s: step {step}, loss {loss:.3f}, {elapsed / step * 1000:.0f} ms/step", flush=True)
+                last_report = elapsed
+    except KeyboardInterrupt:  # Ctrl-C ends the training early; what the model has learned is still shown
+        print("Ctrl-C: training stopped (a second one quits)")
+    ms_per_step = (time.time() - t0) / max(step, 1) * 1000
     val = np.mean([model.forward(*batch(data[n:]))[1] for _ in range(20)])
     print(f"after {step} steps at {ms_per_step:.0f} ms/step: val loss {val:.3f}\nsample:")
     print(decode(model.generate(prompt, 300, temperature=0.8, generator=rng)[0, 1:]))
@@ -601,3 +604,6 @@ if __name__ == "__main__":
     except BrokenPipeError:  # the reader went away (python gpt_numpy.py --check | head): end quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)
+    except KeyboardInterrupt:  # Ctrl-C outside the training (or a second one): quit without a traceback
+        print()
+        sys.exit(130)

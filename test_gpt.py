@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -848,6 +849,36 @@ def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, co
     for bad in ("nan", "inf", "0", "-1"):
         refused = run_cli("gpt_numpy.py", "--seconds", bad)
         assert refused.returncode == 2 and "argument --seconds: " in refused.stderr and refused.stdout == ""
+
+
+def interrupted(args, after_line=None, after_seconds=0.0):
+    """Runs python args, sends it Ctrl-C once a line of its output starts with after_line (then after_seconds more);
+    returns (exit status, stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell
+    said = ""
+    for line in proc.stdout:
+        said += line
+        if line.startswith(after_line):
+            break
+    time.sleep(after_seconds)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, said + out, err
+
+
+def test_ctrl_c_ends_the_twin_demo_early_and_it_still_shows_what_it_learned(tmp_path):
+    (tmp_path / "text").write_text(TEXT, encoding="utf-8")
+    status, out, err = interrupted(["gpt_numpy.py", str(tmp_path / "text"), "--seconds", "600"], "step 0: loss")
+    assert status == 0 and err == "", err
+    assert re.search(r"Ctrl-C: training stopped .*\nafter \d+ steps at \d+ ms/step: val loss \d\.\d+\nsample:\n.{20}",
+                     out, re.S), out
+
+
+def test_ctrl_c_ends_bench_quality_in_one_line(tmp_path):
+    (tmp_path / "text").write_text(TEXT, encoding="utf-8")
+    status, out, err = interrupted(["bench.py", "--quality", "600", "--data", str(tmp_path / "text")], "torch ", 3.0)
+    assert status == 130 and re.fullmatch(r"SIGINT: stopped after \d+ s, so no val loss\n", err), err
 
 
 def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
