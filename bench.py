@@ -39,7 +39,8 @@ PROMPT, NEW_TOKENS, PAST_TOKENS = 56, 200, 50  # 56 + 200 fill the 256 context
 def native_bf16():
     """The CPU feature that runs bf16 natively (AMX or AVX512-BF16), or None."""
     try:
-        flags = open("/proc/cpuinfo").read().split()
+        with open("/proc/cpuinfo") as f:
+            flags = f.read().split()
     except OSError:
         return None
     return next((name for name in ("amx_bf16", "avx512_bf16") if name in flags), None)

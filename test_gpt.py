@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ SWITCHES = {  # every architecture switch appears on and off
     "mix": dict(norm="layernorm", pos="rope", mlp="gelu", tie_weights=False, bias=True),
     "mix2": dict(norm="rmsnorm", pos="learned", mlp="swiglu", tie_weights=False, bias=False),
 }
-TEXT = open(os.path.join(HERE, "input.txt"), encoding="utf-8").read()[:30_000]
+TEXT = Path(HERE, "input.txt").read_text(encoding="utf-8")[:30_000]
 
 
 def tiny_model(seed=0, **overrides):
@@ -75,11 +76,11 @@ def one_line_error(capsys, module, *args):
 
 # ---------------------------------------------------------------------------------------------------- files
 def test_gpt_py_is_small_stands_alone_and_importing_it_does_nothing(tmp_path):
-    source = open(os.path.join(HERE, "gpt.py"), encoding="utf-8").read()
+    source = Path(HERE, "gpt.py").read_text(encoding="utf-8")
     assert sum(1 for line in source.splitlines() if line.strip()) <= 330
     assert max(len(line) for line in source.splitlines()) <= 120
     for name, allowed in (("gpt.py", {"torch"}), ("gpt_numpy.py", {"numpy"})):
-        tree = ast.parse(open(os.path.join(HERE, name), encoding="utf-8").read())
+        tree = ast.parse(Path(HERE, name).read_text(encoding="utf-8"))
         modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                    for alias in node.names}
         modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
@@ -94,7 +95,7 @@ def test_gpt_py_is_small_stands_alone_and_importing_it_does_nothing(tmp_path):
 
 
 def readme_block(heading):
-    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    readme = Path(HERE, "README.md").read_text(encoding="utf-8")
     return re.search(r"```python\n(.*?)```", readme[readme.index(heading):], re.S).group(1)
 
 
@@ -293,7 +294,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_and_no_temporary_fil
     gpt.save_checkpoint({"a": torch.ones(3)}, path)
 
     def dies_mid_write(obj, f):
-        open(f, "wb").write(b"half a checkpo")
+        Path(f).write_bytes(b"half a checkpo")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", dies_mid_write)
@@ -307,11 +308,11 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_and_no_temporary_fil
 def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint(tmp_path, capsys):
     flags = tiny_flags(tmp_path, max_iters=2, eval_interval=1)
     train.main(flags)
-    before = open(tmp_path / "out" / "ckpt.pt", "rb").read()
+    before = (tmp_path / "out" / "ckpt.pt").read_bytes()
     os.symlink("/dev/full", tmp_path / "out" / "ckpt.pt.tmp")  # the next save writes there
     message = one_line_error(capsys, train, *flags, "--resume", "--max_iters", "3")
     assert "ckpt.pt: is the disk full? Any file there is left as it was (torch: " in message, message
-    assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == before
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
 
 
 @pytest.mark.parametrize("name", SWITCHES)
@@ -408,7 +409,8 @@ def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     proc.stdout.readline(), proc.stdout.readline()
     proc.stdout.close()  # python train.py | head -2
-    assert proc.wait(timeout=120) == 0 and proc.stderr.read() == b""
+    with proc.stderr:
+        assert proc.wait(timeout=120) == 0 and proc.stderr.read() == b""
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 200
 
 
@@ -470,7 +472,8 @@ def test_train_then_sample_end_to_end(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     closed.stdout.read(50)
     closed.stdout.close()  # python sample.py | head -c 50
-    assert closed.wait(timeout=60) in (0, 141) and closed.stderr.read() == b""  # quiet, as cat
+    with closed.stderr:
+        assert closed.wait(timeout=60) in (0, 141) and closed.stderr.read() == b""  # quiet, as cat
 
 
 @pytest.fixture(scope="module")
@@ -508,7 +511,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--resume", "--data", "NEW_CHARS"], "never saw ('#'): resume on the text it was trained on (--data)"),
 ])
 def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys, trained_dir, flags, match):
-    before = {p: open(os.path.join(trained_dir, p), "rb").read() for p in os.listdir(trained_dir)}
+    before = {p: Path(trained_dir, p).read_bytes() for p in os.listdir(trained_dir)}
     (tmp_path / "EMPTY").write_text("")
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 40)
     os.makedirs(tmp_path / "FOLDER" / "ckpt.pt")
@@ -524,7 +527,7 @@ def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys,
     message = one_line_error(capsys, train, "--data", str(data), "--out_dir", trained_dir, "--max_iters", "2",
                              "--block_size", "16", *flags)
     assert match in message, message
-    assert {p: open(os.path.join(trained_dir, p), "rb").read() for p in os.listdir(trained_dir)} == before
+    assert {p: Path(trained_dir, p).read_bytes() for p in os.listdir(trained_dir)} == before
     assert not (tmp_path / "FOLDER" / "ckpt.pt.tmp").exists()
 
 
@@ -590,7 +593,7 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     torch.save(ckpt, tmp_path / "MISFIT" / "ckpt.pt")
     for name in ("TRUNCATED", "EMPTY_CKPT", "FEW_CHARS"):
         os.makedirs(tmp_path / name)
-    whole = open(os.path.join(trained_dir, "ckpt.pt"), "rb").read()
+    whole = Path(trained_dir, "ckpt.pt").read_bytes()
     (tmp_path / "TRUNCATED" / "ckpt.pt").write_bytes(whole[:len(whole) // 2])
     (tmp_path / "EMPTY_CKPT" / "ckpt.pt").write_bytes(b"")
     ckpt = torch.load(os.path.join(trained_dir, "ckpt.pt"), weights_only=True)
@@ -827,7 +830,8 @@ def test_check_runs_where_torch_cannot_be_imported():
                               stderr=subprocess.PIPE)
     closed.stdout.readline()
     closed.stdout.close()  # python gpt_numpy.py --check | head -1
-    assert closed.wait(timeout=60) in (0, 141) and closed.stderr.read() == b""
+    with closed.stderr:
+        assert closed.wait(timeout=60) in (0, 141) and closed.stderr.read() == b""
 
 
 @pytest.mark.parametrize("content, match", [
