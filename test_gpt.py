@@ -403,6 +403,13 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
 
 
+def test_a_failed_torch_compile_is_one_line(tmp_path):
+    env = dict(CXX="/no/compiler", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))  # nothing compiled is reused
+    done = run_cli("train.py", *tiny_flags(tmp_path, max_iters=2), "--compile", env=env)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert re.fullmatch(r"error: torch\.compile failed \(.+\): train without --compile\n", done.stderr), done.stderr
+
+
 def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
     flags = tiny_flags(tmp_path, max_iters=200, eval_interval=100)
     proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,

@@ -362,11 +362,13 @@ def main(argv=None):
 
 
 def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
-    """What the error says, its first line; out of memory, with the advice. Any other RuntimeError is a bug, raised
-    again with its traceback, which helps to find it."""
+    """What the error says, its first line; a failed torch.compile or out of memory, with advice. Any other
+    RuntimeError is a bug, raised again with its traceback, which helps to find it."""
     first = (str(error).strip().splitlines() or [""])[0]
     if isinstance(error, (ValueError, OSError)):
         return first
+    if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):  # torch.compile's (--compile)
+        return f"torch.compile failed ({first}): train without --compile"
     if "memory" not in str(error):
         raise error
     return f"out of memory ({first}): {advice}"
