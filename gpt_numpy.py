@@ -552,6 +552,8 @@ def main(argv=None):
     parser.add_argument("--seconds", type=seconds_type, default=60, help="training time (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="instead: check every gradient by finite differences")
     args = parser.parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):  # a character stdout cannot encode prints as an escape, not an error
+        sys.stdout.reconfigure(errors="backslashreplace")
     if args.check:
         sys.exit(0 if check() else 1)
     B, T = 16, 64

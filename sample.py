@@ -30,6 +30,7 @@ def main(argv=None):
                         help="random seed (default: %(default)s)")
     parser.add_argument("--device", default="", help="cpu, cuda, cuda:N or mps (default: the best available)")
     args = parser.parse_args(argv)
+    train.printable_stdout()
     try:
         device = gpt.get_device(args.device)
         model, tokenizer, _ = train.load(os.path.join(args.out_dir, "ckpt.pt"), device)

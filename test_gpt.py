@@ -613,6 +613,13 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     assert capsys.readouterr().out == ""  # refused before printing anything
 
 
+def test_a_character_the_terminal_cannot_show_prints_as_an_escape(tmp_path):
+    train.run(tiny_train_config(tmp_path, max_iters=2), TEXT.replace("e", "\u00e9"), quiet)
+    done = run_cli("sample.py", "--out_dir", str(tmp_path / "out"), "--start", "\u00e9", "--max_new_tokens", "200",
+                   env=dict(PYTHONIOENCODING="ascii"))  # an ASCII terminal
+    assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("\\xe9"), done.stderr
+
+
 def test_sampling_needs_no_prompt_when_the_text_had_no_newline(tmp_path):
     train.run(tiny_train_config(tmp_path, max_iters=2), TEXT.replace("\n", " "), quiet)
     done = run_cli("sample.py", "--out_dir", str(tmp_path / "out"), "--max_new_tokens", "20", "--temperature", "1e-300")

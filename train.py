@@ -121,6 +121,12 @@ def default_prompt(tokenizer):
     return "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
 
 
+def printable_stdout():
+    """A character stdout cannot encode (an ASCII terminal, a Windows pipe) prints as an escape, \\xe9, not an error."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def silence_stdout():
     """Points stdout at /dev/null, so that later prints, and the flush at exit, no longer fail."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -346,6 +352,7 @@ def report(trainer, path, log):
 def main(argv=None):
     args, given = parse_args(argv)
     world = 1
+    printable_stdout()
     try:
         world = distributed()[2]
         defaults = CUDA_DEFAULTS if gpt.get_device(given.get("device", "")).type == "cuda" else {}
