@@ -580,8 +580,8 @@ def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--out_dir", "FOLDER"], "no checkpoint file at"),
     (["--out_dir", "CKPT_FOLDER"], "no checkpoint file at"),  # ckpt.pt is a folder
-    (["--out_dir", "CORRUPT"], "can load (UnpicklingError: Weights only load failed.); train a new one"),  # the
-    # first sentence of torch's message, which goes on to suggest weights_only=False: not for a file that is junk
+    # torch's message cut to its first sentence: the rest suggests weights_only=False, no help for a file of junk
+    (["--out_dir", "CORRUPT"], "can load (UnpicklingError: Weights only load failed.); train a new one"),
     (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError"),
     (["--out_dir", "TRUNCATED"], "is not a checkpoint this gpt.py can load ("),
     (["--out_dir", "EMPTY_CKPT"], "can load (EOFError); train a new one"),
@@ -869,7 +869,7 @@ def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, co
         assert refused.returncode == 2 and "argument --seconds: " in refused.stderr and refused.stdout == ""
 
 
-def interrupted(args, after_line=None, after_seconds=0.0):
+def interrupted(args, after_line, after_seconds=0.0):
     """Runs python args, sends it Ctrl-C once a line of its output starts with after_line (then after_seconds more);
     returns (exit status, stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, *args], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
