@@ -9,7 +9,6 @@
 A machine may be shared and drift in speed, so whatever is compared is timed interleaved, in rounds, and each figure
 is the median of its rounds. Machines differ 2-3x in speed: set a figure only beside one from the same run.
 """
-import argparse
 import contextlib
 import importlib.util
 import io

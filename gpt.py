@@ -335,7 +335,7 @@ class Trainer:
         config = {**{f.name: getattr(tc, f.name) for f in fields(GPTConfig)}, "vocab_size": self.tokenizer.vocab_size}
         self.model = (model or GPT(GPTConfig(**config))).to(self.device)
         if len(data) - n <= self.model.config.block_size:
-            raise ValueError(f"the text's last 10%, for validation, is too short for one block: give a longer text")
+            raise ValueError("the text's last 10%, for validation, is too short for one block: give a longer text")
         self.optimizer = configure_optimizer(self.model, tc.learning_rate, tc.weight_decay, tc.beta2, self.device.type)
         self.generator, self.amp = torch.Generator().manual_seed(tc.seed), autocast(self.device)  # generator: batches
         self.scaler = torch.amp.GradScaler(enabled=getattr(self.amp, "fast_dtype", None) == torch.float16)
