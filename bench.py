@@ -304,8 +304,9 @@ def main():
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args()
     device = gpt.get_device(args.device)
-    try:  # an unwritable --json fails now, not after minutes of measuring
-        json_file = args.json and open(args.json, "w")
+    try:  # an unwritable --json fails now, not after minutes of measuring; "a" leaves a file there as it is till then
+        if args.json:
+            open(args.json, "a").close()
     except OSError as e:
         raise ValueError(f"cannot write {args.json} ({e.strerror}): pass --json a file in a folder that exists")
     figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads(),
@@ -358,9 +359,9 @@ def main():
             t = figures["twin_ms"] = bench_twin()
             print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
                   f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
-    if json_file:
-        with json_file:
-            json.dump(figures, json_file, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
 
 
 if __name__ == "__main__":

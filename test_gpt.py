@@ -893,10 +893,13 @@ def test_ctrl_c_ends_the_twin_demo_early_and_it_still_shows_what_it_learned(tmp_
                      out, re.S), out
 
 
-def test_ctrl_c_ends_bench_quality_in_one_line(tmp_path):
+def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path):
     (tmp_path / "text").write_text(TEXT, encoding="utf-8")
-    status, out, err = interrupted(["bench.py", "--quality", "600", "--data", str(tmp_path / "text")], "torch ", 3.0)
+    (tmp_path / "bench.json").write_text('{"figures": "of the run before"}')
+    status, out, err = interrupted(["bench.py", "--quality", "600", "--data", str(tmp_path / "text"),
+                                    "--json", str(tmp_path / "bench.json")], "torch ", 3.0)
     assert status == 130 and re.fullmatch(r"SIGINT: stopped after \d+ s, so no val loss\n", err), err
+    assert (tmp_path / "bench.json").read_text() == '{"figures": "of the run before"}'
 
 
 def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
