@@ -398,8 +398,9 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
     train.run(tc, TEXT, quiet)
     before = (tmp_path / "out" / "ckpt.pt").read_bytes()
     monkeypatch.setattr(gpt, "train_step", lambda *args: torch.tensor(float("nan")))
-    with pytest.raises(ValueError, match="nan at iteration 1: training diverged; lower --learning_rate"):
-        train.run(replace(tc, eval_interval=1), TEXT, quiet, log_interval=50)  # caught before the first save
+    with pytest.raises(ValueError, match="nan at iteration 9: training diverged; lower --learning_rate"):
+        # resumed at 8, eval_interval 1: caught before the save that would follow iteration 9
+        train.run(replace(tc, max_iters=20, eval_interval=1), TEXT, quiet, resume=True, log_interval=50)
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
 
 
@@ -516,6 +517,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
     (["--resume", "--data", "NEW_CHARS"], "never saw ('#'): resume on the text it was trained on (--data)"),
+    ([], "holds an earlier run, which this one would overwrite: continue it with --resume, or start anew in another"),
 ])
 def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys, trained_dir, flags, match):
     before = {p: Path(trained_dir, p).read_bytes() for p in os.listdir(trained_dir)}

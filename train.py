@@ -300,6 +300,9 @@ def _run(tc, text, log, resume, log_interval, compile, given, rank, world):
         check_out_dir(tc.out_dir)
     trainer = resumed(tc, text, path, given, rank, log) if resume else \
         gpt.Trainer(process_config(tc, rank), text, log=log)
+    if tc.out_dir and not resume and os.path.isfile(path):  # checked last, so that other mistakes are named first
+        raise ValueError(f"{path} holds an earlier run, which this one would overwrite: continue it with --resume, "
+                         f"or start anew in another --out_dir (or remove it)")
     cuda = trainer.device.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
