@@ -513,6 +513,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--device", "cuda:7"], "unknown or not on this machine"),
     (["--n_embd", str(2 ** 20), "--n_head", "1"], "out of memory (["),
     (["--out_dir", "DATA/out"], "pass --out_dir a writable folder"),  # a folder inside a file
+    (["--out_dir", "DATA"], "data.txt is there, and not a folder): pass --out_dir a writable folder"),
     (["--out_dir", "FOLDER"], "pass --out_dir a writable folder"),  # FOLDER/ckpt.pt is a folder
     (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),

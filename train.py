@@ -163,8 +163,9 @@ def check_out_dir(out_dir):
         os.makedirs(out_dir, exist_ok=True)
         if os.path.exists(path) and not os.path.isfile(path):
             raise IsADirectoryError(0, "it is not a file")
-    except OSError as e:
-        raise ValueError(f"cannot write {path} ({e.strerror}): pass --out_dir a writable folder") from None
+    except OSError as e:  # makedirs says "File exists" of a file where the folder should be
+        reason = f"{out_dir} is there, and not a folder" if isinstance(e, FileExistsError) else e.strerror
+        raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
 
 
 def resumed(tc, text, path, given, rank, log):
