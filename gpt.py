@@ -106,7 +106,6 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.dropout, self.layer = config.n_head, config.dropout, layer
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
@@ -121,7 +120,7 @@ class CausalSelfAttention(nn.Module):
         # token after a cache is the last position: it may see every key, and needs no mask.
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh * hs): the heads side by side again
-        return self.resid_dropout(self.c_proj(y))
+        return F.dropout(self.c_proj(y), self.dropout, self.training)
 
 
 class MLP(nn.Module):
@@ -174,8 +173,7 @@ class GPT(nn.Module):
             elif p.dim() >= 2:
                 # Each block adds two outputs to the residual stream; scaling them by 1/sqrt(2 n_layer) keeps the
                 # stream's variance at init independent of depth.
-                std = 0.02 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj.weight") else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj.weight") else 0.02)
 
     def forward(self, idx, targets=None, cache=None):
         T, start = idx.size(1), 0 if cache is None else cache.pos  # new positions, and those already in the cache
@@ -237,9 +235,11 @@ def get_device(name=""):
     """CUDA, else MPS, else CPU; a name ("cpu", "cuda:1", "mps") overrides, and must be usable here."""
     name = name or ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
     try:
-        return torch.empty(0, device=name).device  # only a device this machine has can hold a tensor
+        if torch.device(name).type in ("cpu", "cuda", "mps"):  # not meta, say, whose tensors hold no values
+            return torch.empty(0, device=name).device  # only a device this machine has can hold a tensor
     except (RuntimeError, AssertionError):  # AssertionError: this PyTorch was built without CUDA
-        raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps") from None
+        pass
+    raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps")
 
 
 def autocast(device):

@@ -268,7 +268,7 @@ def test_bad_sampling_arguments_are_refused_before_the_first_token(kwargs):
 def test_device_selection():
     assert gpt.get_device("cpu").type == "cpu"
     assert gpt.get_device().type in ("cpu", "cuda", "mps")
-    for name in ["tpu", "cuda:99"] + ([] if torch.cuda.is_available() else ["cuda"]):
+    for name in ["tpu", "cuda:99", "meta"] + ([] if torch.cuda.is_available() else ["cuda"]):  # meta: no values
         with pytest.raises(ValueError, match="unknown or not on this machine"):
             gpt.get_device(name)
 
@@ -511,6 +511,7 @@ NUMBERS = [name for name in gpt.LIMITS if name != "vocab_size"]
     (["--norm", "batchnorm"], "norm must be one of"),
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--device", "cuda:7"], "unknown or not on this machine"),
+    (["--device", "meta"], "unknown or not on this machine"),
     (["--n_embd", str(2 ** 20), "--n_head", "1"], "out of memory (["),
     (["--out_dir", "DATA/out"], "pass --out_dir a writable folder"),  # a folder inside a file
     (["--out_dir", "DATA"], "data.txt is there, and not a folder): pass --out_dir a writable folder"),
