@@ -1,10 +1,14 @@
 """Measures gpt.py on this machine; every figure it prints comes from the run that prints it.
 
-    python bench.py                                         # matmul peaks, training steps, sampling, the NumPy twin
-    python bench.py --nanogpt ../shared/reference/nanogpt   # the same run beside nanoGPT's model.py from that folder
-    python bench.py --profile                               # where a training and a decode step's time goes
-    python bench.py --quality 140 --data ../shared/data/tinyshakespeare.txt   # val loss after 140 s of training
-    python bench.py --json bench.json                       # also write the figures, machine-readable
+    python bench.py                             # matmul peaks, training steps, sampling, the NumPy
+                                                # twin, reading a text into token ids
+    python bench.py --nanogpt ~/src/nanoGPT     # the same run beside nanoGPT's model.py, from your
+                                                # checkout of it
+    python bench.py --gpt2                      # greedy sampling at GPT-2 small's shape beside
+                                                # transformers' generate (when it is installed)
+    python bench.py --profile                   # where a training and a decode step's time goes
+    python bench.py --quality 140 --data tinyshakespeare.txt   # val loss after 140 s of training
+    python bench.py --json bench.json           # also write the figures, machine-readable
 
 A machine may be shared and drift in speed, so whatever is compared is timed interleaved, in rounds, and each figure
 is the median of its rounds. Machines differ 2-3x in speed: set a figure only beside one from the same run.
@@ -16,12 +20,14 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
+import cli
 import gpt
 import gpt_numpy
 import train
@@ -98,7 +104,7 @@ def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
     model = gpt.GPT(config).to(device)
     optimizer = gpt.configure_optimizer(model, tc.learning_rate, tc.weight_decay, tc.beta2, device.type)
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
-    return lambda: gpt.train_step(stepped, optimizer, [next(data)], tc.grad_clip, None, amp)
+    return lambda: gpt.train_step(stepped, optimizer, [next(data)], tc.grad_clip, amp)
 
 
 def bench_training(device, peaks, bf16):
@@ -108,7 +114,7 @@ def bench_training(device, peaks, bf16):
     recipe = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, batch_size=RECIPE_BATCH)
     runs = {}
     for name, tc in ((f"default {device.type.upper()}", default), ("nanoGPT CPU-recipe shape", recipe)):
-        config = gpt.GPTConfig(**{**{k: getattr(tc, k) for k in vars(gpt.GPTConfig())}, "vocab_size": 65})
+        config = tc.model_config(vocab_size=65)
         for dtype in ["fp32"] + (["bf16 autocast"] if bf16 else []):
             amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype != "fp32" else contextlib.nullcontext()
             runs[name, dtype] = (tc, config, our_step(config, tc, device, amp))
@@ -221,18 +227,21 @@ def versus_nanogpt(nano, device, rounds=5):
 
 
 def decode_step(device, context=150):
-    """One token sampled with the KV cache at nanoGPT's shakespeare_char model, after context cached positions."""
+    """One token sampled with the KV cache at nanoGPT's shakespeare_char model, after context or more
+    cached positions: a full cache starts again from context cached ones."""
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device).eval()
-    cache, token = gpt.KVCache(model.config), torch.zeros(1, 1, dtype=torch.long, device=device)
+    cache = gpt.KVCache(model.config)
+    token = torch.zeros(1, 1, dtype=torch.long, device=device)
+    prompt = torch.randint(0, 65, (1, context), device=device)
 
     @torch.inference_mode()
     def step():
+        if cache.pos in (0, model.config.block_size):
+            cache.reset()
+            model(prompt, cache=cache)
         model(token, cache=cache)
-        cache.pos -= 1  # the same position again, each time
 
-    with torch.inference_mode():
-        model(torch.randint(0, 65, (1, context), device=device), cache=cache)
     return step
 
 
@@ -258,22 +267,30 @@ def profile_steps(device, steps=20, rows=8):
 
 
 def weight_reads(device, rounds=7):
-    """GB/s at which the one-row matmuls of a cached decode step read the 6x384 model's weights, against a sum over
-    the same tensors: how near the step's matmuls come to the speed of this machine's memory."""
+    """GB/s at which the one-row matmuls of a cached decode step read the 6x384 model's weights, the same with the
+    weights laid out (in, out) in memory as from_gpt2 keeps GPT-2's, and a sum over the same tensors: how near the
+    step's matmuls come to the speed of this machine's memory."""
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device)
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     rows = {n: torch.randn(1, n, device=device) for n in {w.size(1) for w in weights}}  # one token's input
+    # The same shapes, (out, in), laid out (in, out) in memory, as gpt.GPT.from_gpt2 keeps GPT-2's.
+    transposed = [w.t().contiguous().t() for w in weights]
 
     def matmuls():
         for w in weights:
+            torch.nn.functional.linear(rows[w.size(1)], w)
+
+    def transposed_matmuls():
+        for w in transposed:
             torch.nn.functional.linear(rows[w.size(1)], w)
 
     def sums():
         for w in weights:
             w.sum()
 
-    t = interleaved({"one-row matmuls": matmuls, "sums": sums}, device, rounds, repeats=10)
+    t = interleaved({"one-row matmuls": matmuls, "one-row matmuls, (in, out) in memory": transposed_matmuls,
+                     "sums": sums}, device, rounds, repeats=10)
     size = sum(w.numel() * w.element_size() for w in weights)
     return dict(megabytes=size / 1e6, **{name: size / seconds / 1e9 for name, seconds in t.items()})
 
@@ -284,19 +301,96 @@ def bench_quality(seconds, data):
     with tempfile.TemporaryDirectory() as out_dir:
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                              eval_iters=100, device="cpu")
-        trainer, stopped = train.run(tc, train.read_text(data), log=lines.append)
+        trainer, stopped = train.run(tc, cli.read_text(data), log=lines.append)
     if stopped:  # Ctrl-C or another stopping signal, which train.run turns into a save and a return
         print(f"{signal.Signals(stopped).name}: stopped after {trainer.elapsed:.0f} s, so no val loss", file=sys.stderr)
         sys.exit(128 + stopped)
-    return dict(seconds=seconds, data=data, iters=trainer.it, val_loss=trainer.history["val"][-1][1],
+    return dict(seconds=seconds, data=data, iters=trainer.it, val_loss=trainer.history[-1]["val"],
                 report=next(line for line in lines if line.startswith("what context buys")))
 
 
+ENCODE = """
+import sys, time, tracemalloc
+import cli
+start = time.perf_counter()
+ids, chars = cli.encode_file(sys.argv[1])
+seconds = time.perf_counter() - start
+del ids
+tracemalloc.start()
+ids, chars = cli.encode_file(sys.argv[1])
+peak = tracemalloc.get_traced_memory()[1]
+print(len(ids), ids.dtype, len(chars), seconds, peak)
+"""
+
+
+def bench_encoding(megabytes=100, source="input.txt"):
+    """Reading a text of about megabytes MB into token ids, as train.py --data does, in a process of
+    its own: MB/s, and the most memory it held at once (the ids included, as tracemalloc counts
+    NumPy's arrays and Python's objects), in bytes per character."""
+    with open(source, "rb") as f:
+        piece = f.read()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "text.txt")
+        with open(path, "wb") as f:
+            for _ in range(max(1, round(megabytes * 1e6 / len(piece)))):
+                f.write(piece)
+        size = os.path.getsize(path)
+        done = subprocess.run([sys.executable, "-c", ENCODE, path], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+    if done.returncode:
+        raise ValueError(f"encoding failed: {done.stderr.strip().splitlines()[-1]}")
+    chars, dtype, vocab, seconds, peak = done.stdout.split()
+    return dict(megabytes=size / 1e6, characters=int(chars), dtype=dtype, vocab_size=int(vocab),
+                seconds=float(seconds), mb_per_s=size / 1e6 / float(seconds),
+                bytes_per_char=int(peak) / int(chars))
+
+
+def versus_transformers(rounds=3, prompt_tokens=16, new_tokens=32):
+    """Greedy sampling at GPT-2 small's shape (random weights, float32, CPU): gpt.GPT.from_gpt2 of
+    transformers' own GPT2LMHeadModel, the same weights copied into nn.Linear's own order in memory,
+    and that model's generate with its KV cache, in tokens per second, interleaved; and whether all
+    drew the same tokens."""
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError("--gpt2 times transformers' generate, and transformers is not installed: "
+                         "pip install transformers") from None
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    ours = gpt.GPT.from_gpt2(theirs.state_dict()).eval()
+    # The same weights copied into nn.Linear's own (out, in) order in memory, as load_state_dict copies them.
+    copied = gpt.GPT(ours.config).eval()
+    copied.load_state_dict(ours.state_dict())
+    prompt = torch.randint(0, 50257, (1, prompt_tokens))
+    drawn = {}
+
+    def our_generate():
+        drawn["ours"] = ours.generate(prompt, new_tokens, temperature=0)
+
+    def copied_generate():
+        drawn["copied"] = copied.generate(prompt, new_tokens, temperature=0)
+
+    @torch.inference_mode()
+    def their_generate():
+        drawn["transformers"] = theirs.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                do_sample=False, use_cache=True, pad_token_id=0)
+
+    t = interleaved({"ours": our_generate, "copied": copied_generate, "transformers": their_generate},
+                    torch.device("cpu"), rounds, repeats=1, warmup=1)
+    same = torch.equal(drawn["ours"], drawn["transformers"]) and torch.equal(drawn["copied"], drawn["ours"])
+    return dict(tokens_per_s={who: new_tokens / seconds for who, seconds in t.items()},
+                same_tokens=same, transformers=transformers.__version__, new_tokens=new_tokens)
+
+
 def main():
-    parser = train.Parser(description="Benchmark gpt.py on this machine.")
+    parser = cli.Parser(description="Benchmark gpt.py on this machine.")
     parser.add_argument("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
     parser.add_argument("--profile", action="store_true", help="instead: profile training and decode steps")
-    parser.add_argument("--quality", type=train.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
+    parser.add_argument("--gpt2", action="store_true",
+                        help="instead: greedy sampling at GPT-2 small's shape beside transformers' generate")
+    parser.add_argument("--quality", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
                         help="instead: train the default CPU config this long and report its val loss")
     parser.add_argument("--data", default="input.txt", help="text for --quality (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only "
@@ -330,7 +424,18 @@ def main():
         print(f"\nnanoGPT's CPU recipe here: {RECIPE_STEPS} steps x {v['step_ms']['nanoGPT']:.1f} ms + {RECIPE_EVALS} "
               f"evaluations x {2 * RECIPE_EVAL_ITERS} batches x {v['eval_batch_ms']:.1f} ms = "
               f"{v['recipe_seconds']:.0f} s (its data loading and logging left out). The same budget for this project:")
-        print(f"  python bench.py --quality {v['recipe_seconds']:.0f} --data ../shared/data/tinyshakespeare.txt")
+        print(f"  python bench.py --quality {v['recipe_seconds']:.0f} --data tinyshakespeare.txt")
+    elif args.gpt2:
+        g = figures["versus_transformers"] = versus_transformers()
+        ours = g["tokens_per_s"]["ours"]
+        theirs = g["tokens_per_s"]["transformers"]
+        copied = g["tokens_per_s"]["copied"]
+        print(f"greedy sampling of {g['new_tokens']} tokens at GPT-2 small's shape (random weights, "
+              f"float32, CPU), interleaved, medians: gpt.GPT.from_gpt2 {ours:.1f} tok/s, transformers "
+              f"{g['transformers']} generate with its cache {theirs:.1f} tok/s, {ours / theirs:.2f}x; "
+              f"the same tokens: {g['same_tokens']}")
+        print(f"the same weights copied into nn.Linear's (out, in) order in memory: {copied:.1f} tok/s, "
+              f"{copied / theirs:.2f}x transformers")
     elif args.profile:
         figures["profile"] = profile_steps(device)
         for name, rows in figures["profile"].items():
@@ -339,7 +444,8 @@ def main():
                 print(f"  {op[:48]:48s} {ms:7.2f} ms {share:6.1%}")
         r = figures["weight_reads_gb_per_s"] = weight_reads(device)
         print(f"\nreading the 6x384 model's {r['megabytes']:.0f} MB of weights, as each decode step does: one-row "
-              f"matmuls {r['one-row matmuls']:.1f} GB/s, a sum of each tensor {r['sums']:.1f} GB/s")
+              f"matmuls {r['one-row matmuls']:.1f} GB/s, the same with the weights laid out (in, out) in memory "
+              f"{r['one-row matmuls, (in, out) in memory']:.1f} GB/s, a sum of each tensor {r['sums']:.1f} GB/s")
     else:
         cuda = device.type == "cuda"
         bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else native_bf16()
@@ -359,6 +465,10 @@ def main():
             t = figures["twin_ms"] = bench_twin()
             print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
                   f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
+        e = figures["encoding"] = bench_encoding()
+        print(f"\nreading a {e['megabytes']:.0f} MB text into token ids ({e['vocab_size']} characters, "
+              f"{e['dtype']}), as train.py --data does: {e['mb_per_s']:.0f} MB/s, "
+              f"{e['bytes_per_char']:.2f} bytes of memory per character")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
@@ -370,6 +480,6 @@ if __name__ == "__main__":
     except ValueError as e:  # a bad --data, --device, --nanogpt or --json
         sys.exit(f"error: {e}")
     except BrokenPipeError:
-        train.end_quietly()
+        cli.end_quietly()
     except KeyboardInterrupt:  # Ctrl-C: what was measured is printed already
         sys.exit(130)

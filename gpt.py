@@ -1,4 +1,9 @@
-"""A GPT in one file, needing only torch; importing it does nothing: tokenizer, model, sampling, training, saving."""
+"""A GPT in one file that needs only PyTorch; importing it does nothing.
+
+Read it top to bottom: the tokenizer, GPTConfig, the layers (norms, rotary positions, the KV cache,
+attention, the MLP, the block), GPT with its sampling and GPT-2's weights, devices and checkpoints,
+then the training: TrainConfig, AdamW and its schedule, train_step, Trainer and train.
+"""
 import math
 import os
 import time
@@ -11,7 +16,11 @@ import torch.nn.functional as F
 
 
 class CharTokenizer:
-    """One token per distinct character: no merges to learn, and every text it saw round-trips exactly."""
+    """One token per distinct character: no merges to learn, and every text it saw round-trips.
+
+    Any other tokenizer works where this one does if it has encode(str) -> list of ids,
+    decode(ids) -> str and vocab_size: tiktoken's, sentencepiece's, a word list of your own.
+    """
 
     def __init__(self, chars):
         self.chars = "".join(sorted(set(chars)))
@@ -19,106 +28,144 @@ class CharTokenizer:
         self.vocab_size = len(self.chars)
 
     def encode(self, text):
-        unknown = sorted(set(text) - self.stoi.keys())
-        if unknown:
-            raise ValueError(f"characters not in the vocabulary: {''.join(unknown)!r}; use those of the training text")
         return [self.stoi[c] for c in text]
 
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
 
 
-# The range [low, high) of every number in GPTConfig and TrainConfig: NaN fails both comparisons and inf the second.
-LIMITS = {**dict.fromkeys(["vocab_size", "block_size", "n_layer", "n_head", "n_embd", "max_iters", "eval_interval",
-                           "eval_iters", "batch_size", "grad_accum"], (1, math.inf)),
-          **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"], (0, math.inf)),
-          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32)}
-CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu")}  # GPT-2's second
+# The architecture's switches and their values: Llama's first (the default), GPT-2's second.
+CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu")}
 
 
 @dataclass
 class GPTConfig:
-    """The model. The defaults, a Llama-style block, gave the lowest val loss in 140 s on 2 CPU cores (README)."""
-    vocab_size: int = 65  # distinct characters: set by the training text
-    block_size: int = 128  # context length in characters
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads
-    n_embd: int = 128  # width of the residual stream
-    dropout: float = 0.0  # dropout probability
-    bias: bool = False  # biases in linear layers and LayerNorm
-    tie_weights: bool = True  # share the token embedding with the output layer
-    norm: str = "rmsnorm"  # rmsnorm or layernorm (GPT-2's)
-    pos: str = "rope"  # rope (rotary) or learned (GPT-2's position embeddings)
-    mlp: str = "swiglu"  # swiglu or gelu (GPT-2's)
+    """The model. The defaults, a Llama-style block, gave the lowest val loss in 140 s on 2 CPU
+    cores (README). GPT-2's block is norm="layernorm", pos="learned", mlp="gelu", bias=True."""
+    # Tokens in the vocabulary: the training text's characters, or a tokenizer's vocab_size.
+    vocab_size: int = 65
+    # The context: the most tokens the model reads at once.
+    block_size: int = 128
+    # Transformer blocks.
+    n_layer: int = 4
+    # Attention heads.
+    n_head: int = 4
+    # Width of the residual stream.
+    n_embd: int = 128
+    # Dropout probability.
+    dropout: float = 0.0
+    # Biases in the linear layers and LayerNorm.
+    bias: bool = False
+    # Share the token embedding with the output layer.
+    tie_weights: bool = True
+    # rmsnorm or layernorm (GPT-2's).
+    norm: str = "rmsnorm"
+    # rope (rotary) or learned (GPT-2's position embeddings).
+    pos: str = "rope"
+    # swiglu or gelu (GPT-2's).
+    mlp: str = "swiglu"
 
-    def __post_init__(self):  # TrainConfig's too
-        for name, (low, high) in LIMITS.items():
-            if hasattr(self, name) and not low <= getattr(self, name) < high:
-                raise ValueError(f"{name} must be in [{low}, {high}), got {getattr(self, name)}")
-        if self.n_embd % (2 * self.n_head if self.pos == "rope" else self.n_head):  # rope turns pairs of channels
-            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head, and of 2 n_head with rope")
+    def __post_init__(self):
+        """The model's own invariants. The command lines check every other number before they
+        build a config."""
+        # Rotary positions turn pairs of channels within each head.
+        pairs = 2 if self.pos == "rope" else 1
+        if self.n_head < 1 or self.n_embd % (pairs * self.n_head):
+            raise ValueError(f"n_embd must be a multiple of n_head (of 2 n_head with rope): {self}")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        if getattr(self, "min_lr", 0) > getattr(self, "learning_rate", 1):  # TrainConfig's: a decay must not rise
-            raise ValueError(f"min_lr ({self.min_lr}) is above learning_rate ({self.learning_rate}): lower min_lr too")
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}: {self}")
 
 
-def Norm(config):  # eps 1e-5 for both, LayerNorm's default: RMSNorm's own default would depend on the dtype
-    return nn.RMSNorm(config.n_embd, eps=1e-5) if config.norm == "rmsnorm" else \
-        nn.LayerNorm(config.n_embd, bias=config.bias)
+def make_norm(config):
+    """RMSNorm (Llama's) or LayerNorm (GPT-2's), both with eps 1e-5 (RMSNorm's own default would
+    follow the dtype)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-5)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
 def rope_tables(config):
+    """cos and sin of every position's angles, (2, block_size, head size): computed in float64,
+    kept in float32."""
     hs = config.n_embd // config.n_head
-    # Channels j and j + hs/2 turn by pos * 10000^(-2j/hs): fast pairs tell near positions apart, slow pairs far ones.
+    # Channels j and j + hs/2 turn by pos * 10000^(-2j/hs): fast pairs tell near positions apart,
+    # slow pairs far ones.
     inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
-    angles = torch.outer(torch.arange(config.block_size, dtype=torch.float64), inv_freq).repeat(1, 2)  # (bs, hs)
-    return torch.stack([angles.cos(), angles.sin()]).float()  # (2, block_size, hs): cos, sin
+    positions = torch.arange(config.block_size, dtype=torch.float64)
+    angles = torch.outer(positions, inv_freq).repeat(1, 2)  # (block_size, hs)
+    return torch.stack([angles.cos(), angles.sin()]).float()  # (2, block_size, hs)
 
 
 def rope_forward(x, cos, sin):
-    # Rotating q and k by angles proportional to their positions makes q.k depend only on their distance.
+    # Turning q and k by angles proportional to their positions makes q.k depend only on their
+    # distance.
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class KVCache:
-    """Each layer's keys and values so far, written in place: torch.cat would copy the whole cache for every token."""
+    """Each layer's keys and values so far, for sampling. It is allocated once, to block_size, and
+    written in place: torch.cat would copy the whole cache for every token. pos counts the
+    positions filled; only update() and reset() move it."""
 
     def __init__(self, config):
-        self.n_layer, self.block_size, self.k, self.v, self.pos = config.n_layer, config.block_size, None, None, 0
+        self.config = config
+        self.kv = None
+        self.pos = 0
 
-    def update(self, layer, k, v):
-        if self.k is None:  # typed and placed as the first keys are, under autocast too
-            self.k = k.new_empty(self.n_layer, *k.shape[:2], self.block_size, k.size(3))  # (n_layer, B, nh, bs, hs)
-            self.v = torch.empty_like(self.k)
-        start, end = self.pos, self.pos + k.size(2)  # pos: the positions already filled
-        self.k[layer, :, :, start:end], self.v[layer, :, :, start:end] = k, v  # k, v: (B, nh, T, hs)
-        if layer == self.n_layer - 1:  # the last layer moves every layer on
+    def update(self, layer_idx, k, v):
+        """Writes this step's keys and values, (B, nh, T, hs) each, after the positions filled;
+        returns all of them so far."""
+        if self.kv is None:
+            # (n_layer, 2, B, nh, block_size, hs), typed and placed as the first keys are.
+            shape = (self.config.n_layer, 2, *k.shape[:2], self.config.block_size, k.size(3))
+            self.kv = k.new_empty(shape)
+        end = self.pos + k.size(2)
+        self.kv[layer_idx, :, :, :, self.pos:end] = torch.stack([k, v])
+        # Every layer fills the same positions: the last one moves the cache on.
+        if layer_idx == self.config.n_layer - 1:
             self.pos = end
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, end, hs)
+        # The keys and the values of every position so far.
+        return self.kv[layer_idx, :, :, :, :end].unbind(0)  # (B, nh, end, hs) each
+
+    def reset(self):
+        """Forgets every position; the memory stays, for the next prompt."""
+        self.pos = 0
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config, layer):
+    def __init__(self, config, layer_idx):
         super().__init__()
-        self.n_head, self.dropout, self.layer = config.n_head, config.dropout, layer
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.layer_idx = layer_idx
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
+    def qkv(self, x, rope=None):
+        """Queries, keys and values, (B, nh, T, hs) each; q and k turned by the rotary tables."""
+        B, T, C = x.shape
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # (B, T, 3, nh, hs)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        if rope is None:
+            return qkv.unbind(0)
+        # q and k turn together; v does not.
+        q, k = rope_forward(qkv[:2], *rope).unbind(0)
+        return q, k, qkv[2]
+
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        q, k, v = qkv.unbind(0)  # (B, nh, T, hs) each
-        if rope is not None:
-            q, k = rope_forward(qkv[:2], *rope).unbind(0)  # q and k turn together; v does not
-        if cache is not None:  # sampling: the earlier positions' keys and values join this step's
-            k, v = cache.update(self.layer, k, v)  # (B, nh, positions so far, hs)
-        # Scores are scaled by 1/sqrt(hs) so their spread, and so softmax's sharpness, does not grow with head size.
-        # is_causal sets each query's scores for later keys to -inf, which softmax turns into weight 0. A single new
-        # token after a cache is the last position: it may see every key, and needs no mask.
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=T > 1)
+        q, k, v = self.qkv(x, rope)
+        # Sampling: the earlier positions' keys and values join this step's.
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
+        # Scores are scaled by 1/sqrt(hs) so that their spread, and so softmax's sharpness, does not
+        # grow with the head size. is_causal sets each query's scores for later keys to -inf,
+        # which softmax turns into weight 0. A single new token after a cache is the last position:
+        # it may see every key, and needs no mask.
+        dropout = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh * hs): the heads side by side again
         return F.dropout(self.c_proj(y), self.dropout, self.training)
 
@@ -127,10 +174,13 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.swiglu = config.mlp == "swiglu"
-        # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units keep its size that of the 4x GELU MLP.
+        self.dropout = config.dropout
+        # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units, rounded up to a
+        # multiple of 64, keep its size that of GELU's 4 * n_embd.
         hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
-        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.swiglu else hidden, bias=config.bias)  # gate, up
-        self.c_proj, self.dropout = nn.Linear(hidden, config.n_embd, bias=config.bias), nn.Dropout(config.dropout)
+        # SwiGLU's c_fc computes its gate and its up projection side by side.
+        self.c_fc = nn.Linear(config.n_embd, (1 + self.swiglu) * hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x):
         h = self.c_fc(x)  # (B, T, 2 * hidden) for SwiGLU, else (B, T, hidden)
@@ -138,18 +188,22 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)  # (B, T, hidden) each
             h = F.silu(gate) * up
         else:
-            h = F.gelu(h, approximate="tanh")  # the tanh form, as GPT-2 was trained with
-        return self.dropout(self.c_proj(h))
+            # The tanh form, which GPT-2 was trained with.
+            h = F.gelu(h, approximate="tanh")
+        return F.dropout(self.c_proj(h), self.dropout, self.training)
 
 
 class Block(nn.Module):
-    def __init__(self, config, layer):
+    def __init__(self, config, layer_idx):
         super().__init__()
-        self.ln_1, self.attn = Norm(config), CausalSelfAttention(config, layer)
-        self.ln_2, self.mlp = Norm(config), MLP(config)
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
 
     def forward(self, x, rope=None, cache=None):
-        # Pre-norm: the residual stream itself is never normalised, so gradients reach the first layers undamped.
+        # Pre-norm: the residual stream itself is never normalised, so gradients reach the first
+        # layers undamped.
         x = x + self.attn(self.ln_1(x), rope, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -157,210 +211,394 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.config, self.tok_emb = config, nn.Embedding(config.vocab_size, config.n_embd)
+        self.config = config
+        # The names are those of GPT-2's own weights, so that they load as they are: wte, the token
+        # embedding; wpe, the position embedding; h, the blocks.
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         if config.pos == "learned":
-            self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
-        else:  # not saved in checkpoints: they are recomputed from the config
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        else:
+            # Not saved in checkpoints: the tables are recomputed from the config.
             self.register_buffer("rope", rope_tables(config), persistent=False)
-        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
-        self.ln_f, self.lm_head = Norm(config), nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.h = nn.ModuleList(Block(config, layer_idx) for layer_idx in range(config.n_layer))
+        self.ln_f = make_norm(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
-            # One matrix reads tokens in and scores them out: fewer parameters, and each row learns from both uses.
-            self.lm_head.weight = self.tok_emb.weight
+            # One matrix reads tokens in and scores them out: fewer parameters, and each row learns
+            # from both uses.
+            self.lm_head.weight = self.wte.weight
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif p.dim() >= 2:
-                # Each block adds two outputs to the residual stream; scaling them by 1/sqrt(2 n_layer) keeps the
-                # stream's variance at init independent of depth.
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj.weight") else 0.02)
+                # Each block adds two outputs to the residual stream; scaling them by
+                # 1/sqrt(2 n_layer) keeps the stream's variance at init independent of depth.
+                residual = name.endswith("c_proj.weight")
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
+
+    def embed(self, idx, start=0):
+        """The residual stream's start, (B, T, C), for the ids idx (B, T) at positions start..,
+        and the rotary tables of those positions (None with learned positions)."""
+        T = idx.size(1)
+        x = self.wte(idx)  # (B, T, C)
+        if self.config.pos == "learned":
+            # The same (T, C) rows are added to every sequence.
+            return x + self.wpe.weight[start:start + T], None
+        return x, self.rope[:, start:start + T]  # (2, T, hs): cos, sin
 
     def forward(self, idx, targets=None, cache=None):
-        T, start = idx.size(1), 0 if cache is None else cache.pos  # new positions, and those already in the cache
-        if start + T > self.config.block_size or start and T > 1:  # see the attention's mask
-            raise ValueError(f"{T} tokens after {start} cached ones: a sequence may not be longer than block_size "
-                             f"({self.config.block_size}), and after a cached prompt come one token at a time")
-        x = self.tok_emb(idx)  # (B, T, C)
-        if self.config.pos == "learned":
-            x = x + self.pos_emb.weight[start:start + T]  # (T, C), the same for every sequence
-        rope = self.rope[:, start:start + T] if self.config.pos == "rope" else None  # (2, T, hs): cos, sin
-        for block in self.blocks:
+        T = idx.size(1)
+        # With a cache, these positions come after those it holds.
+        start = 0 if cache is None else cache.pos
+        # After a cached prompt, one token at a time: see the attention's mask.
+        if start + T > self.config.block_size or (start and T > 1):
+            raise ValueError(f"{T} tokens after {start} cached ones: at most block_size in all "
+                             f"({self.config.block_size}), and one at a time after a cached prompt")
+        x, rope = self.embed(idx, start)
+        for block in self.h:
             x = block(x, rope, cache)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
-        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        return logits, loss
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
-        """Extends idx (B, T) by max_new_tokens sampled tokens."""
-        return torch.cat([idx, *self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator)], dim=1)
+    @torch.no_grad()
+    def attention(self, idx):
+        """The attention weights of every layer and head for the ids idx (B, T), in eval mode:
+        (n_layer, B, n_head, T, T), each row a probability distribution over the positions it may
+        see. They are spelled out, softmax(q k^T / sqrt(hs)) under the causal mask, to be looked
+        at; training and sampling run the fused attention, which never forms them."""
+        x, rope = self.embed(idx)
+        T = idx.size(1)
+        # Above the diagonal are the later positions: -inf there becomes weight 0.
+        later = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
+        maps = []
+        for block in self.h:
+            q, k, _ = block.attn.qkv(block.ln_1(x), rope)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+            maps.append(scores.masked_fill(later, float("-inf")).softmax(dim=-1))
+            x = block(x, rope)
+        return torch.stack(maps)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 generator=None):
+        """The ids idx (B, T) and max_new_tokens sampled after them: (B, T + max_new_tokens)."""
+        tokens = self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator)
+        return torch.cat([idx, *tokens], dim=1)
 
     @torch.inference_mode()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
-        """Yields each sampled token (B, 1) as soon as it is drawn; its arguments are checked before the first."""
-        if not (0 <= temperature < math.inf and (top_k is None or top_k >= 1) and (top_p is None or 0 < top_p <= 1)
-                and idx.size(1)):  # written so that NaN fails
-            raise ValueError(f"sampling takes temperature >= 0 (0: greedy), top_k >= 1, top_p in (0, 1] and a prompt "
-                             f"of 1 token or more; got {temperature}, {top_k}, {top_p} and {idx.size(1)} tokens")
-        block_size, cache, window = self.config.block_size, KVCache(self.config), idx[:, -self.config.block_size:]
+        """Yields each sampled token (B, 1) as soon as it is drawn: temperature 0 is greedy, top_k
+        and top_p filter, a seeded torch.Generator repeats a sample. The arguments are checked
+        first."""
+        vocab_size = self.config.vocab_size
+        if idx.dim() != 2 or not idx.numel() or idx.min() < 0 or idx.max() >= vocab_size:
+            raise ValueError(f"the prompt must be a (batch, tokens) tensor of ids in [0, "
+                             f"{vocab_size}): encode it with the model's tokenizer")
+        # Written so that NaN fails.
+        if not (max_new_tokens >= 0 and 0 <= temperature < math.inf
+                and (top_k is None or top_k >= 1) and (top_p is None or 0 < top_p <= 1)):
+            raise ValueError(f"sampling takes max_new_tokens >= 0, temperature >= 0 (0: greedy), "
+                             f"top_k >= 1, top_p in (0, 1]: got {max_new_tokens}, {temperature}, "
+                             f"{top_k}, {top_p}")
+        block_size = self.config.block_size
+        cache = KVCache(self.config)
+        # What the next forward reads: the prompt's last block_size tokens, then each new one.
+        window = idx[:, -block_size:]
         for _ in range(max_new_tokens):
-            logits = self(window, cache=cache)[0][:, -1, :].float()  # (B, vocab_size): the last position's
+            # The last position's logits, (B, vocab_size).
+            logits = self(window, cache=cache)[0][:, -1, :].float()
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
-                # Less the max, temperature at least 1e-30 (float32 rounds less to 0): tiny ones tend to greedy, no NaN
-                logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, 1e-30)
-                next_id = torch.multinomial(F.softmax(filter_logits(logits, top_k, top_p), -1), 1, generator=generator)
+                # Less their max, and over a temperature of at least 1e-30 (float32 rounds smaller
+                # ones to 0), the logits stay finite: tiny temperatures tend to greedy, their limit.
+                logits = logits - logits.max(dim=-1, keepdim=True).values
+                logits = logits / max(temperature, 1e-30)
+                probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
+                next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
             yield next_id
-            idx, window = torch.cat([idx, next_id], dim=1)[:, -block_size:], next_id  # what a refill would read
+            # The last block_size tokens: what a refill of the cache reads.
+            idx = torch.cat([idx, next_id], dim=1)[:, -block_size:]
+            window = next_id
             if cache.pos == block_size:
-                # Past block_size the window slides: each cached key and value was computed at a position since shifted,
-                # with a token now out of view. So the window refills the cache: a full forward per token, as nanoGPT.
-                cache.pos, window = 0, idx[:, -block_size:]
+                # Past block_size the window slides: every cached key and value was computed at a
+                # position since shifted, with a token now out of view. So the window refills the
+                # cache: a full forward per token, as nanoGPT runs for every token.
+                cache.reset()
+                window = idx
+
+    @classmethod
+    def from_gpt2(cls, state_dict, n_head=None):
+        """A GPT with GPT-2's block and weights, from the state dict of any GPT-2 size as
+        transformers stores it: names with or without "transformer.", Conv1D weights (in, out).
+        The config comes from the tensors; the head count is n_embd // 64, as in all four sizes,
+        unless given. Every tensor is used and every parameter filled, or a ValueError names the
+        first one amiss (a shape amiss is torch's RuntimeError, which names it too)."""
+        weights = {}
+        for key, w in state_dict.items():
+            # GPT-2's Conv1D layers store their weights (in, out); nn.Linear's are (out, in).
+            conv1d = key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+            # Older files also hold each layer's causal mask: a constant, which attention computes.
+            if not key.endswith((".attn.bias", ".attn.masked_bias")):
+                weights[key.removeprefix("transformer.")] = w.t() if conv1d else w
+        if "wte.weight" not in weights or "wpe.weight" not in weights:
+            raise ValueError("not GPT-2's weights: wte.weight or wpe.weight is missing")
+        vocab_size, n_embd = weights["wte.weight"].shape
+        n_layer = len({key.split(".")[1] for key in weights if key.startswith("h.")})
+        config = GPTConfig(vocab_size, len(weights["wpe.weight"]), n_layer, n_head or n_embd // 64,
+                           n_embd, bias=True, norm="layernorm", pos="learned", mlp="gelu")
+        model = cls(config)
+        # The output layer is the token embedding, tied, which some files hold a second time.
+        weights["lm_head.weight"] = weights["wte.weight"]
+        # assign: the tensors become the parameters, uncopied, so the weights are never held twice.
+        # A transposed Conv1D weight keeps the file's (in, out) order in memory under nn.Linear's
+        # (out, in) shape, which the one-row products of sampling read faster on a CPU (bench.py
+        # --profile measures both orders).
+        missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+        model.lm_head.weight = model.wte.weight
+        if unexpected:
+            raise ValueError(f"not GPT-2's weights: {unexpected[0]} is not one of GPT-2's tensors")
+        if missing:
+            raise ValueError(f"not GPT-2's weights: {missing[0]} is missing")
+        return model
 
 
 def filter_logits(logits, top_k=None, top_p=None):
-    """-inf for each logit outside the top_k, then outside the nucleus: the fewest likeliest tokens that reach top_p."""
+    """-inf for each logit outside the top_k, then outside the nucleus: the fewest likeliest tokens
+    that reach top_p. The likeliest token always stays."""
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
-        drop = probs.cumsum(dim=-1) - probs >= top_p  # the tokens before this one already reach top_p
-        drop[..., 0] = False  # the likeliest stays, also where float32 rounds a tiny top_p to 0
+        # A token goes when those before it already reach top_p; the likeliest stays, also where
+        # float32 rounds a tiny top_p to 0.
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop[..., 0] = False
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
 
 def get_device(name=""):
-    """CUDA, else MPS, else CPU; a name ("cpu", "cuda:1", "mps") overrides, and must be usable here."""
-    name = name or ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
-    try:
-        if torch.device(name).type in ("cpu", "cuda", "mps"):  # not meta, say, whose tensors hold no values
-            return torch.empty(0, device=name).device  # only a device this machine has can hold a tensor
-    except (RuntimeError, AssertionError):  # AssertionError: this PyTorch was built without CUDA
-        pass
-    raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps")
+    """The device called name ("cpu", "cuda:1", "mps"), or else the best here: CUDA, MPS, CPU."""
+    if name:
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
 
 
 def autocast(device):
-    """bf16 autocast on CUDA (fp16 on GPUs without bf16, which then needs a gradient scaler); fp32 elsewhere."""
-    return nullcontext() if device.type != "cuda" else \
-        torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    """bf16 autocast on a GPU that has bf16; fp32 elsewhere (fp16 would need a gradient scaler)."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def save_checkpoint(ckpt, path):
-    """Writes a temporary file, then renames it over path: a crash mid-write leaves the old checkpoint whole."""
+    """Writes ckpt to a temporary file, then renames it over path, so that a crash mid-write leaves
+    the old checkpoint whole. Makes path's folder if it is missing."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
     try:
-        torch.save(ckpt, path + ".tmp")
-        os.replace(path + ".tmp", path)
-    except RuntimeError as e:  # how torch's writer reports a full disk
-        raise OSError(f"cannot write {path}: is the disk full? Any file there is left as it was (torch: {e})") from None
-    finally:  # a failed write or rename leaves no temporary file behind
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
+        with open(tmp, "wb") as f:
+            torch.save(ckpt, f)
+        os.replace(tmp, path)
+    # A write that fails, on a full disk above all, names the checkpoint and what is left of it.
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write {path} ({e.strerror}); any file there is as it was")
+    # A failed write or rename leaves no temporary file behind.
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def load_checkpoint(path, device=None):
-    """(model in eval mode on device, default the best here; tokenizer; the dict, with what a resumed run needs)"""
+    """(model in eval mode on device, by default the best here; its CharTokenizer, or None for
+    another tokenizer, whose name ckpt["tokenizer"] holds; the checkpoint's dict, with what
+    resuming needs)."""
     device = get_device(str(device or ""))
-    # weights_only: a checkpoint is read as tensors and plain data, so a downloaded one cannot run code.
+    # weights_only: a checkpoint is read as tensors and plain data, so a downloaded one cannot run
+    # code.
     ckpt = torch.load(path, map_location=device, weights_only=True)
-    tokenizer, model = CharTokenizer(ckpt["chars"]), GPT(GPTConfig(**ckpt["config"]))
+    model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
+    tokenizer = None if ckpt.get("chars") is None else CharTokenizer(ckpt["chars"])
     return model.to(device).eval(), tokenizer, ckpt
 
 
 @dataclass
 class TrainConfig(GPTConfig):
-    """The model's options, GPTConfig's, and the training's. The defaults train for 3 to 5 minutes on 2 CPU cores."""
-    out_dir: str = "out"  # folder of ckpt.pt, the checkpoint ("" writes none)
-    max_iters: int = 4000  # optimizer steps in all
-    max_time: float = 0.0  # seconds of wall time to train instead of max_iters (0: off); the lr then decays over time
-    eval_interval: int = 500  # evaluate and save every this many steps
-    eval_iters: int = 50  # batches per split in an evaluation
-    batch_size: int = 8  # sequences per micro-batch: at a fixed time, many small steps beat fewer big ones
-    grad_accum: int = 1  # micro-batches per optimizer step
-    learning_rate: float = 3e-3  # peak learning rate
-    min_lr: float = 3e-4  # learning rate at the end of the cosine decay
-    warmup_iters: int = 100  # steps of linear warmup
-    weight_decay: float = 0.1  # AdamW weight decay, on matrices only
-    beta2: float = 0.99  # AdamW beta2: a shorter memory than the usual 0.999 suits small batches of characters
-    grad_clip: float = 1.0  # clip the gradient norm to this (0: off)
-    seed: int = 1337  # random seed
-    device: str = ""  # cpu, cuda, cuda:N or mps ("": the best available)
+    """The model's options, GPTConfig's, and the training's. The defaults train for 3 to 5 minutes
+    on 2 CPU cores."""
+    # Folder of ckpt.pt, the checkpoint ("" writes none).
+    out_dir: str = "out"
+    # Optimizer steps in all.
+    max_iters: int = 4000
+    # Seconds of wall time to train instead of max_iters (0: off); the learning rate then decays
+    # over time.
+    max_time: float = 0.0
+    # Evaluate and save every this many steps.
+    eval_interval: int = 500
+    # Batches per split in an evaluation.
+    eval_iters: int = 50
+    # Sequences per micro-batch: at a fixed time, many small steps beat fewer big ones.
+    batch_size: int = 8
+    # Micro-batches per optimizer step.
+    grad_accum: int = 1
+    # Peak learning rate.
+    learning_rate: float = 3e-3
+    # Learning rate at the end of the cosine decay.
+    min_lr: float = 3e-4
+    # Steps of linear warmup.
+    warmup_iters: int = 100
+    # AdamW weight decay, on matrices only.
+    weight_decay: float = 0.1
+    # AdamW beta2: a shorter memory than the usual 0.999 suits small batches of characters.
+    beta2: float = 0.99
+    # Clip the gradient norm to this (0: off).
+    grad_clip: float = 1.0
+    # Random seed.
+    seed: int = 1337
+    # cpu, cuda, cuda:N or mps ("": the best available).
+    device: str = ""
+
+    def model_config(self, **changes):
+        """The model's part of these options, a GPTConfig, changed as asked."""
+        options = {f.name: getattr(self, f.name) for f in fields(GPTConfig)}
+        return GPTConfig(**{**options, **changes})
 
 
 def configure_optimizer(model, learning_rate, weight_decay, beta2, device_type="cpu"):
-    # Decay pulls matrices (weights, embeddings) toward zero; on gains and biases it would only fight the norms.
-    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=device_type in ("cuda", "cpu"))
+    """AdamW with weight decay on the matrices alone; fused, a kernel for all of them, on CPU and
+    CUDA."""
+    # Decay pulls matrices (weights, embeddings) toward zero; on gains and biases it would only
+    # fight the norms.
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors}]
+    fused = device_type in ("cuda", "cpu")
+    return torch.optim.AdamW(groups, learning_rate, (0.9, beta2), weight_decay=0.0, fused=fused)
 
 
 def lr_at(tc, it, elapsed):
-    """Linear warmup, then cosine decay to min_lr over the iterations, or over the seconds when max_time is set."""
+    """Linear warmup, then cosine decay to min_lr over the iterations, or over the seconds when
+    max_time is set."""
     if it < tc.warmup_iters:
         return tc.learning_rate * (it + 1) / tc.warmup_iters
-    done = elapsed / tc.max_time if tc.max_time else (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters)
-    return tc.min_lr + 0.5 * (1 + math.cos(math.pi * min(done, 1.0))) * (tc.learning_rate - tc.min_lr)
+    if tc.max_time:
+        done = elapsed / tc.max_time
+    else:
+        done = (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters)
+    return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
 
 
-def train_step(model, optimizer, batches, grad_clip=0.0, scaler=None, amp=nullcontext()):
-    """One optimizer step on the mean loss of equal-sized micro-batches [(x, y), ...], each (B, T); returns it."""
-    scaler, mean_loss = scaler or torch.amp.GradScaler(enabled=False), 0.0  # a disabled scaler passes all through
+def train_step(model, optimizer, batches, grad_clip=0.0, amp=nullcontext()):
+    """One optimizer step on the mean loss of equal-sized micro-batches [(x, y), ...], each (B, T);
+    returns that loss."""
+    mean_loss = 0.0
     for i, (x, y) in enumerate(batches):
-        with model.no_sync() if hasattr(model, "no_sync") and i < len(batches) - 1 else nullcontext():
+        # Under DDP the processes average their gradients once, in the last micro-batch's backward.
+        last = i == len(batches) - 1
+        with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
             with amp:
-                loss = model(x, y)[1] / len(batches)  # the micro-batches' gradients add up to the mean's
-            scaler.scale(loss).backward()
+                # The micro-batches' gradients add up to those of their mean loss.
+                loss = model(x, y)[1] / len(batches)
+            loss.backward()
         mean_loss += loss.detach()
-    scaler.unscale_(optimizer)  # clip the true gradients, not fp16's scaled ones
     if grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)  # skipped when fp16 overflowed; the scale then shrinks
-    scaler.update()
+    optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return mean_loss
 
 
-class Trainer:
-    """A training run on a text: the model (new, or one given with its tokenizer), its AdamW, and where it stands."""
+def as_tensor(ids):
+    """Token ids as a tensor: a tensor as it is, a NumPy array or a memmap copied (torch.as_tensor
+    would share a read-only memmap's memory, and warn)."""
+    return ids if torch.is_tensor(ids) else torch.tensor(ids)
 
-    def __init__(self, tc, text, model=None, tokenizer=None, log=print):
-        self.tc, self.log, self.device = tc, log, get_device(tc.device)
-        self.tokenizer = tokenizer or CharTokenizer(text)
-        data, n = torch.tensor(self.tokenizer.encode(text)), int(0.9 * len(text))  # one token per character
-        self.splits = {"train": data[:n], "val": data[n:]}  # the last 10% is held out
-        torch.manual_seed(tc.seed)  # the initial weights, then dropout
-        config = {**{f.name: getattr(tc, f.name) for f in fields(GPTConfig)}, "vocab_size": self.tokenizer.vocab_size}
-        self.model = (model or GPT(GPTConfig(**config))).to(self.device)
-        if len(data) - n <= self.model.config.block_size:
-            raise ValueError("the text's last 10%, for validation, is too short for one block: give a longer text")
-        self.optimizer = configure_optimizer(self.model, tc.learning_rate, tc.weight_decay, tc.beta2, self.device.type)
-        self.generator, self.amp = torch.Generator().manual_seed(tc.seed), autocast(self.device)  # generator: batches
-        self.scaler = torch.amp.GradScaler(enabled=getattr(self.amp, "fast_dtype", None) == torch.float16)
-        self.train_model = self.model  # what steps() runs: train.py may wrap it in torch.compile and DDP
-        self.it, self.elapsed, self.loss, self.history = 0, 0.0, None, {"train": [], "val": []}
+
+class Trainer:
+    """A training run: the model (new, or one given), its AdamW, the data and where the run stands.
+
+    data is a text, encoded by tokenizer (by default a CharTokenizer of that text), or a 1-D
+    sequence of token ids of any integer dtype: a torch tensor, a NumPy array or a np.memmap, read
+    a batch at a time, never converted whole. The last 10% of its tokens is held out for
+    validation. The vocabulary is the model's, else the tokenizer's, else tc.vocab_size.
+    """
+
+    def __init__(self, tc, data, tokenizer=None, model=None, log=print):
+        self.tc = tc
+        self.log = log
+        self.device = get_device(tc.device)
+        if isinstance(data, str):
+            tokenizer = tokenizer or CharTokenizer(data)
+            data = torch.tensor(tokenizer.encode(data))
+        self.tokenizer = tokenizer
+        n = int(0.9 * len(data))
+        # Checked before the model is built, which a block_size far beyond the data would make huge.
+        if len(data) - n <= tc.block_size:
+            raise ValueError(f"block_size ({tc.block_size}) must be below the {len(data) - n} "
+                             f"tokens held out, the last 10% of the data: lower it, or give more")
+        vocab_size = (model.config if model else tokenizer or tc).vocab_size
+        if data.min() < 0 or data.max() >= vocab_size:
+            raise ValueError(f"token ids must be in [0, {vocab_size}), the vocabulary; these go "
+                             f"from {int(data.min())} to {int(data.max())}")
+        self.splits = {"train": data[:n], "val": data[n:]}
+        # The initial weights, then dropout.
+        torch.manual_seed(tc.seed)
+        self.model = (model or GPT(tc.model_config(vocab_size=vocab_size))).to(self.device)
+        # A first write now, so that an out_dir that cannot be written fails before the training.
+        path = os.path.join(tc.out_dir, "ckpt.pt")
+        if tc.out_dir:
+            save_checkpoint({}, path + ".probe")
+            os.remove(path + ".probe")
+        if tc.out_dir and os.path.isdir(path):
+            raise IsADirectoryError(f"cannot write {path}: a folder of that name is in the way")
+        self.optimizer = configure_optimizer(self.model, tc.learning_rate, tc.weight_decay,
+                                             tc.beta2, self.device.type)
+        # The batches come from a generator of their own, which a resumed run restores.
+        self.generator = torch.Generator().manual_seed(tc.seed)
+        self.amp = autocast(self.device)
+        # What the steps run: the model, or what train.py wraps around it (torch.compile, DDP).
+        self.wrapped_model = self.model
+        self.it = 0
+        self.elapsed = 0.0
+        self.loss = None
+        self.history = []
 
     def batch(self, split):
-        data, T = self.splits[split], self.model.config.block_size
+        """A random batch of the split, (x, y), each (batch_size, block_size): y is x shifted by
+        one token."""
+        data = self.splits[split]
+        T = self.tc.block_size
         ix = torch.randint(len(data) - T, (self.tc.batch_size,), generator=self.generator)
-        xy = torch.stack([data[i:i + T + 1] for i in ix.tolist()]).to(self.device, non_blocking=True)  # (B, T + 1)
-        return xy[:, :-1], xy[:, 1:]  # (B, T) each: y is x shifted by one, so each position predicts the next one
+        rows = [as_tensor(data[i:i + T + 1]) for i in ix.tolist()]
+        xy = torch.stack(rows).long().to(self.device, non_blocking=True)  # (B, T + 1)
+        # Each position's target is the token after it.
+        return xy[:, :-1], xy[:, 1:]  # (B, T) each
 
     def done(self):
-        return self.elapsed >= self.tc.max_time if self.tc.max_time else self.it >= self.tc.max_iters
+        if self.tc.max_time:
+            return self.elapsed >= self.tc.max_time
+        return self.it >= self.tc.max_iters
 
     def steps(self):
-        """Trains; yields after each step, where the caller may log, check or stop, before it evaluates and saves."""
-        t_last = time.time()
+        """Trains; yields after each step, where the caller may log, check or stop, before the loop
+        evaluates and saves."""
+        # The clock goes on from where a resumed run stood.
+        t0 = time.time() - self.elapsed
         while not self.done():
             for group in self.optimizer.param_groups:
                 group["lr"] = lr_at(self.tc, self.it, self.elapsed)
             batches = [self.batch("train") for _ in range(self.tc.grad_accum)]
-            self.loss = train_step(self.train_model, self.optimizer, batches, self.tc.grad_clip, self.scaler, self.amp)
-            self.it, now = self.it + 1, time.time()
-            self.elapsed, t_last = self.elapsed + now - t_last, now  # wall time: evaluations count too
+            self.loss = train_step(self.wrapped_model, self.optimizer, batches, self.tc.grad_clip,
+                                   self.amp)
+            self.it += 1
+            # Wall time, the evaluations' included: max_time is what a clock on the wall says.
+            self.elapsed = time.time() - t0
             yield self
             if self.it % self.tc.eval_interval == 0 or self.done():
                 self.evaluate()
@@ -368,26 +606,67 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self):
+        """The mean loss of eval_iters batches of each split, logged, and kept in history with the
+        step, the clock and the learning rate."""
         self.model.eval()
+        losses = {}
         for split in self.splits:
             with self.amp:
-                loss = torch.stack([self.model(*self.batch(split))[1] for _ in range(self.tc.eval_iters)]).mean()
-            self.history[split].append((self.it, loss.item()))
+                batches = [self.batch(split) for _ in range(self.tc.eval_iters)]
+                batch_losses = [self.model(x, y)[1] for x, y in batches]
+            losses[split] = torch.stack(batch_losses).mean().item()
         self.model.train()
-        self.log(f"iter {self.it}: " + ", ".join(f"{split} loss {h[-1][1]:.4f}" for split, h in self.history.items()))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.history.append(dict(iter=self.it, seconds=self.elapsed, lr=lr, **losses))
+        line = f"iter {self.it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        # A character model's loss in bits per character, the unit such results are published in:
+        # nats / ln 2.
+        if isinstance(self.tokenizer, CharTokenizer):
+            line += f" ({losses['val'] / math.log(2):.3f} bits per character)"
+        self.log(line)
+
+    def state_dict(self):
+        """Where the run stands, all that resuming needs beside the model: AdamW's moments, the
+        step, the clock, the evaluations so far and the random states."""
+        rng = {"torch": torch.get_rng_state(), "batches": self.generator.get_state()}
+        return {"optimizer": self.optimizer.state_dict(), "iter": self.it, "elapsed": self.elapsed,
+                "history": self.history, "rng": rng}
+
+    def load_state_dict(self, state):
+        """Goes on from state, state_dict()'s or a checkpoint's. It brings AdamW's moments; its
+        hyperparameters (weight decay, betas) stay this run's, as tc sets them."""
+        groups = self.optimizer.param_groups
+        own = [{key: value for key, value in g.items() if key != "params"} for g in groups]
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group, hyperparameters in zip(self.optimizer.param_groups, own):
+            group.update(hyperparameters)
+        self.it = state["iter"]
+        self.elapsed = state["elapsed"]
+        self.history = state["history"]
+        torch.set_rng_state(state["rng"]["torch"])
+        self.generator.set_state(state["rng"]["batches"])
 
     def save(self):
-        if self.tc.out_dir:
-            os.makedirs(self.tc.out_dir, exist_ok=True)
-            save_checkpoint({"model": self.model.state_dict(), "config": asdict(self.model.config),
-                             "chars": self.tokenizer.chars, "optimizer": self.optimizer.state_dict(), "iter": self.it,
-                             "elapsed": self.elapsed, "train_config": asdict(self.tc),
-                             "rng": {"torch": torch.get_rng_state(), "batches": self.generator.get_state()}},
-                            os.path.join(self.tc.out_dir, "ckpt.pt"))
+        """Writes out_dir/ckpt.pt (nothing when out_dir is ""): the model, its config, the
+        tokenizer's characters or name, tc and state_dict(). Weights not finite are never saved."""
+        if not self.tc.out_dir:
+            return
+        path = os.path.join(self.tc.out_dir, "ckpt.pt")
+        # A step can turn the weights to NaN after its loss was read (an inf gradient clipped:
+        # inf x 0): such weights must never replace the last good checkpoint.
+        if not all(p.isfinite().all() for p in self.model.parameters()):
+            raise ValueError(f"the weights turned NaN or inf at iteration {self.it}: lower the "
+                             f"learning rate or raise warmup_iters ({path} is as it was)")
+        ckpt = {"model": self.model.state_dict(), "config": asdict(self.model.config),
+                "train_config": asdict(self.tc), "chars": getattr(self.tokenizer, "chars", None),
+                "tokenizer": getattr(self.tokenizer, "name", None), **self.state_dict()}
+        save_checkpoint(ckpt, path)
 
 
-def train(tc, text, log=print):
-    """Trains a GPT on text as tc says, saving out_dir/ckpt.pt; returns it and its evaluations (history)."""
-    for trainer in Trainer(tc, text, log=log).steps():  # each step yields the trainer, and a new one takes one at least
+def train(tc, data, tokenizer=None, log=print):
+    """Trains a new GPT on data (a text or token ids, as Trainer takes them) as tc says, saving
+    out_dir/ckpt.pt; returns the model and its evaluations (history)."""
+    trainer = Trainer(tc, data, tokenizer, log=log)
+    for _ in trainer.steps():
         pass
     return trainer.model, trainer.history

@@ -1,62 +1,157 @@
-"""Samples text from a trained GPT, printed as it is drawn: python sample.py --temperature 0.8. See --help."""
-import math
-import os
+"""Samples text from a trained GPT, printed as it is drawn: python sample.py --temperature 0.8.
+
+    python sample.py --init_from gpt2 --start "..."   # GPT-2 itself (needs tiktoken or transformers)
+    python sample.py --report                         # writes out_dir/report.html again
+See --help for every option.
+"""
 import sys
 
-import torch
+try:
+    import dataclasses
+    import itertools
+    import math
+    import os
 
-import gpt
-import train
+    import torch
 
-AT_LEAST_1 = train.number(int, lambda n: n >= 1, "at least 1")
+    import cli
+    import gpt
+    import report
+# Ctrl-C while torch is still importing: nothing has started, so nothing is lost.
+except KeyboardInterrupt:
+    sys.exit(130)
+
+AT_LEAST_1 = cli.number(int, lambda n: n >= 1, "at least 1")
 
 
-def main(argv=None):
-    parser = train.Parser(description="Sample text from out_dir/ckpt.pt, printed as it is drawn.")
+def parse_args(argv=None):
+    parser = cli.Parser(description="Sample text from out_dir/ckpt.pt (or GPT-2), printed as it is "
+                                    "drawn; or write its report page.")
     parser.add_argument("--out_dir", default="out", help="folder of ckpt.pt (default: %(default)s)")
-    parser.add_argument("--start", default=None, help="prompt text, or FILE:path to read it from a file "
-                                                      "(default: a newline, else the text's first character)")
-    parser.add_argument("--num_samples", type=AT_LEAST_1, default=2, help="samples to draw (default: %(default)s)")
+    parser.add_argument("--init_from", metavar="GPT2",
+                        help="sample GPT-2 instead: a folder with config.json and model.safetensors, "
+                             "or gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded with "
+                             "huggingface_hub)")
+    parser.add_argument("--start", default=None,
+                        help="prompt text, or FILE:path to read it from a file (default: a newline, "
+                             "else the text's first character)")
+    parser.add_argument("--num_samples", type=AT_LEAST_1, default=2,
+                        help="samples to draw (default: %(default)s)")
     parser.add_argument("--max_new_tokens", type=AT_LEAST_1, default=500,
-                        help="characters per sample (default: %(default)s)")
-    parser.add_argument("--temperature", type=train.number(float, lambda t: 0 <= t < math.inf, "a number >= 0"),
+                        help="tokens per sample: characters, for a character model (default: %(default)s)")
+    parser.add_argument("--temperature", type=cli.number(float, lambda t: 0 <= t < math.inf, "a number >= 0"),
                         default=0.8,
                         help="below 1 is safer, above 1 wilder, 0 always takes the likeliest (default: %(default)s)")
     parser.add_argument("--top_k", type=AT_LEAST_1, default=None,
                         help="sample only from the k likeliest (default: all)")
-    parser.add_argument("--top_p", type=train.number(float, lambda p: 0 < p <= 1, "in (0, 1]"), default=None,
+    parser.add_argument("--top_p", type=cli.number(float, lambda p: 0 < p <= 1, "in (0, 1]"), default=None,
                         help="sample only from the likeliest whose probability reaches p (default: all)")
-    parser.add_argument("--seed", type=train.number(int, lambda s: 0 <= s < 2 ** 32, "in [0, 2**32)"), default=1337,
-                        help="random seed (default: %(default)s)")
+    parser.add_argument("--seed", type=cli.number(int, lambda s: 0 <= s < 2 ** 32, "in [0, 2**32)"),
+                        default=1337, help="random seed (default: %(default)s)")
     parser.add_argument("--device", default="", help="cpu, cuda, cuda:N or mps (default: the best available)")
-    args = parser.parse_args(argv)
-    train.printable_stdout()
+    parser.add_argument("--report", action="store_true",
+                        help="instead: write out_dir/report.html from the checkpoint and --data")
+    parser.add_argument("--data", default="input.txt",
+                        help="for --report: the text (or .bin of token ids) the checkpoint was trained on, "
+                             "whose last 10%% is held out (default: %(default)s)")
+    parser.add_argument("--dtype", choices=cli.ID_DTYPES, default="uint16",
+                        help="for --report on a .bin --data: its ids' type (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def default_prompt(tokenizer):
+    """A newline, where lines begin, if the training text had one; else its first character."""
+    chars = getattr(tokenizer, "chars", "\n")
+    return "\n" if "\n" in chars else chars[0]
+
+
+def encode_prompt(tokenizer, start):
+    """The prompt's ids; for a character model, one line naming the characters it never saw."""
+    unknown = "".join(sorted(set(start) - set(tokenizer.chars))) if hasattr(tokenizer, "chars") else ""
+    if unknown:
+        raise ValueError(f"characters not in the vocabulary: {unknown!r}; use those of the training text")
+    return tokenizer.encode(start)
+
+
+def print_samples(model, tokenizer, start, args, device):
+    """Streams num_samples samples after start. Each token's text is printed as soon as it is whole:
+    one of GPT-2's tokens may end inside a character's UTF-8 bytes, which the next one completes."""
+    prompt = torch.tensor([encode_prompt(tokenizer, start)], dtype=torch.long, device=device)
+    generator = torch.Generator(device).manual_seed(args.seed)
+    for i in range(args.num_samples):
+        tokens = model.stream(prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                              generator)
+        with gpt.autocast(device):
+            # The arguments are checked here, before anything is printed.
+            first = next(tokens)
+            print(("" if i == 0 else "\n---------------\n") + start, end="", flush=True)
+            ids = []
+            printed = ""
+            for token in itertools.chain([first], tokens):
+                ids += token[0].tolist()
+                text = tokenizer.decode(ids)
+                if not text.endswith("\ufffd"):
+                    print(text[len(printed):], end="", flush=True)
+                    printed = text
+            print(text[len(printed):], end="", flush=True)
+    print(flush=True)
+
+
+def write_report(model, tokenizer, ckpt, path, args, device):
+    """Rebuilds the report of the run that wrote the checkpoint at path, on --data's held-out part."""
+    known = {f.name for f in dataclasses.fields(gpt.TrainConfig)}
+    options = {k: v for k, v in ckpt.get("train_config", {}).items() if k in known}
+    tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
+    chars = getattr(tokenizer, "chars", None)
+    data, tokenizer = cli.read_data(cli.DataFile(args.data, args.dtype), chars,
+                                    None if chars else tokenizer)
+    trainer = gpt.Trainer(tc, data, tokenizer, model.train(), log=lambda *a: None)
+    cli.check_resumable(ckpt, trainer, path)
+    trainer.load_state_dict(ckpt)
+    if not trainer.history:
+        raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
+    figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)
+    page = report.write(trainer, os.path.join(args.out_dir, "report.html"),
+                        report.loss_by_position(trainer), report.closing_sample(trainer), figures)
+    print(f"wrote {page}: open it in a browser")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cli.printable_stdout()
     try:
-        device = gpt.get_device(args.device)
-        model, tokenizer, _ = train.load(os.path.join(args.out_dir, "ckpt.pt"), device)
-        start = train.default_prompt(tokenizer) if args.start is None else args.start
+        device = cli.usable_device(args.device)
+        path = os.path.join(args.out_dir, "ckpt.pt")
+        ckpt = {}
+        if args.init_from:
+            if args.report:
+                raise ValueError("--report needs a checkpoint of a run: leave out --init_from")
+            model = cli.load_gpt2(args.init_from, device)
+            tokenizer = cli.GPT2Tokenizer(cli.gpt2_folder(args.init_from))
+        else:
+            model, tokenizer, ckpt = cli.load(path, device)
+            tokenizer = cli.tokenizer_of(ckpt, tokenizer)
+        if args.report:
+            return write_report(model, tokenizer, ckpt, path, args, device)
+        if tokenizer is None:
+            raise ValueError(f"{path} was trained on token ids of a tokenizer it only names "
+                             f"({ckpt.get('tokenizer')}), so it cannot be decoded here: sample it from "
+                             f"Python with your tokenizer (the README shows how)")
+        start = default_prompt(tokenizer) if args.start is None else args.start
         if start.startswith("FILE:"):
-            start = train.read_text(start[5:], "the prompt file", "--start FILE:path to")
+            start = cli.read_text(start[5:], "the prompt file", "--start FILE:path to")
         if not start:
-            raise ValueError("--start is empty: give it a character or more, or leave it out for the default prompt")
-        prompt = torch.tensor([tokenizer.encode(start)], dtype=torch.long, device=device)
-        generator = torch.Generator(device).manual_seed(args.seed)
-        for i in range(args.num_samples):
-            tokens = model.stream(prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator)
-            with gpt.autocast(device):
-                first = next(tokens)  # the arguments are checked here, before anything is printed
-                print(("" if i == 0 else "\n---------------\n") + start + tokenizer.decode(first[0].tolist()),
-                      end="", flush=True)
-                for token in tokens:
-                    print(tokenizer.decode(token[0].tolist()), end="", flush=True)
-        print(flush=True)
-    except KeyboardInterrupt:  # stop sampling without a traceback
+            raise ValueError("--start is empty: give it a character or more, or leave it out for the "
+                             "default prompt")
+        print_samples(model, tokenizer, start, args, device)
+    # Stop sampling without a traceback.
+    except KeyboardInterrupt:
         print()
         sys.exit(130)
     except BrokenPipeError:
-        train.end_quietly()
-    except (ValueError, OSError, RuntimeError) as e:
-        sys.exit(f"error: {train.one_line(e, 'sample on another --device, or from a smaller model')}")
+        cli.end_quietly()
+    except (ValueError, OSError, RuntimeError, MemoryError) as e:
+        cli.fail(cli.one_line(e, "sample on another --device, or from a smaller model"))
 
 
 if __name__ == "__main__":

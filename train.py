@@ -1,223 +1,316 @@
-"""Trains a GPT on a text file: python train.py [--option value ...]; python train.py --help lists every option.
+"""Trains a GPT: python train.py [--option value ...]; python train.py --help lists every option.
 Data-parallel over GPUs or CPU processes: torchrun --standalone --nproc_per_node=N train.py [...]
 
-gpt.py holds the model and the training loop, gpt.Trainer.steps(). This file is the command line around that loop and
-what a long run needs: DDP, resuming, saving on Ctrl-C and the signals schedulers send, the NaN stop, progress lines
-with an ETA, and a closing report with a sample.
+gpt.py holds the model and the training loop, gpt.Trainer.steps(). This file is the command line
+around that loop and what a long run needs: reading a text of any size, DDP, resuming, starting from
+GPT-2's weights, saving on Ctrl-C and the signals schedulers send, the NaN stop, progress lines with
+an ETA, and a closing report (out_dir/report.html) with a sample.
 """
-import argparse
-import contextlib
-import dataclasses
-import inspect
-import math
-import os
-import re
-import signal
-import stat
 import sys
-import threading
-import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+try:
+    import contextlib
+    import dataclasses
+    import inspect
+    import math
+    import os
+    import re
+    import signal
+    import threading
+    import time
 
-import gpt
+    import torch
+    import torch.distributed as dist
 
-# A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not given.
-CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.1,
-                     learning_rate=1e-3, min_lr=1e-4, eval_iters=100)
-# What a user, a terminal or a scheduler sends to stop a run (SLURM's --signal sends SIGUSR1 or 2, CPU-time limits
-# SIGXCPU): each saves the step under way, then exits with 128 + the signal's number, as a shell reports such an end.
-STOPS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU")
-         if hasattr(signal, name)]
-MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "vocab_size"]  # kept on --resume
+    import cli
+    import gpt
+    import report
+# Ctrl-C while torch is still importing: nothing has started, so nothing is lost.
+except KeyboardInterrupt:
+    sys.exit(130)
+
+# A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not
+# given.
+CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
+                     dropout=0.1, learning_rate=1e-3, min_lr=1e-4, eval_iters=100)
+# Finetuning GPT-2 (--init_from) takes small, constant steps: a learning rate for training from
+# scratch would wreck what it knows in a few steps.
+INIT_FROM_DEFAULTS = dict(learning_rate=3e-5, min_lr=3e-5, warmup_iters=0, weight_decay=0.0,
+                          batch_size=4, max_iters=200, eval_interval=50, eval_iters=10)
+# What a user, a terminal or a scheduler sends to stop a run (SLURM's --signal sends SIGUSR1 or 2,
+# CPU-time limits SIGXCPU): each saves the step under way, then exits with 128 + the signal's
+# number, as a shell reports such an end.
+STOPS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2",
+                                            "SIGXCPU") if hasattr(signal, name)]
+# The model's options: --resume and --init_from keep the model's own and name those given that
+# differ. block_size is the training's context too, which may be shorter than the model's.
+MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "block_size"]
+# The range [low, high) of each number of TrainConfig: NaN fails both comparisons, and inf the
+# second. The command line refuses any other value before a config is built.
+LIMITS = {**dict.fromkeys(["vocab_size", "block_size", "n_layer", "n_head", "n_embd", "max_iters",
+                           "eval_interval", "eval_iters", "batch_size", "grad_accum"], (1, 2 ** 53)),
+          **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"],
+                          (0, math.inf)),
+          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32)}
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's message on one line, without the usage block above it
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def number(kind, ok, rule):
-    """An argparse type: a number of that kind for which ok(number) holds, written so that NaN fails it."""
-    def parse(text):
-        value = kind(text)  # a ValueError here becomes argparse's own "invalid int value"
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def parse_bool(text):
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+# ---------------------------------------------------------------------------------------------- options
+def option_helps():
+    """{option: its help}: the comment above each field of GPTConfig and TrainConfig in gpt.py, so
+    that it is written once, beside the option itself."""
+    source = inspect.getsource(gpt.GPTConfig) + inspect.getsource(gpt.TrainConfig)
+    found = re.findall(r"((?:^    # .*\n)+)^    (\w+): \w+ = ", source, re.M)
+    return {name: " ".join(line.strip()[2:] for line in comment.splitlines()) for comment, name in found}
 
 
 def parse_args(argv=None):
-    """Returns this file's own options, and the TrainConfig options given as {name: value} (the rest keep defaults)."""
-    parser = Parser(description="Train a character-level GPT on a text; writes out_dir/ckpt.pt.")
+    """This file's own options, and the TrainConfig options given, {name: value}; the others keep
+    their defaults. Every number is checked here, NaN and inf included."""
+    parser = cli.Parser(description="Train a GPT on a text or on token ids; writes out_dir/ckpt.pt "
+                                    "and out_dir/report.html.")
     parser.add_argument("--data", default="input.txt",
-                        help="training text, UTF-8; its last 10%% is held out for validation (default: %(default)s)")
-    flag = dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")  # --resume alone means --resume true
+                        help="a UTF-8 text, one token per character; or, with a name ending in .bin, "
+                             "token ids as --dtype integers one after another (nanoGPT's train.bin). "
+                             "The last 10%% is held out for validation (default: %(default)s)")
+    parser.add_argument("--dtype", choices=cli.ID_DTYPES, default="uint16",
+                        help="the integer type of the ids in a .bin --data (default: %(default)s)")
+    parser.add_argument("--init_from", metavar="GPT2",
+                        help="start from GPT-2's weights: a folder with config.json and "
+                             "model.safetensors, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl "
+                             "(downloaded with huggingface_hub); a text is then read in GPT-2's "
+                             "tokens (tiktoken or transformers) (default: a new model)")
+    flag = dict(type=cli.parse_bool, nargs="?", const=True, metavar="BOOL")
     parser.add_argument("--resume", default=False, **flag,
-                        help="continue from out_dir/ckpt.pt, keeping its model and characters (default: %(default)s)")
-    parser.add_argument("--log_interval", type=number(int, lambda n: n >= 1, "at least 1"), default=100,
-                        help="print progress every this many steps (default: %(default)s)")
+                        help="continue from out_dir/ckpt.pt with its model, characters and options; "
+                             "options given replace those it recorded (default: %(default)s)")
+    parser.add_argument("--log_interval", type=cli.number(int, lambda n: n >= 1, "at least 1"),
+                        default=100, help="print progress every this many steps (default: %(default)s)")
     parser.add_argument("--compile", default=False, **flag,
-                        help="torch.compile the model: faster steps after compiling for a while (default: %(default)s)")
-    # The help of every other option is its comment in gpt.py, so it is written once, beside the option itself.
-    helps = dict(re.findall(r"^    (\w+): \w+ = .*?  # (.*)$", inspect.getsource(gpt.GPTConfig) +
-                            inspect.getsource(gpt.TrainConfig), re.M))
+                        help="torch.compile the model: faster steps after compiling for a while "
+                             "(default: %(default)s)")
+    helps = option_helps()
     defaults = gpt.TrainConfig()
-    for field in dataclasses.fields(gpt.TrainConfig)[1:]:  # all but vocab_size, which the text sets
-        shown = repr(getattr(defaults, field.name)) + (f", on CUDA {CUDA_DEFAULTS[field.name]!r}"
-                                                        if field.name in CUDA_DEFAULTS else "")
+    for field in dataclasses.fields(gpt.TrainConfig):
+        shown = repr(getattr(defaults, field.name))
+        if field.name in CUDA_DEFAULTS:
+            shown += f", on CUDA {CUDA_DEFAULTS[field.name]!r}"
+        if field.name in INIT_FROM_DEFAULTS:
+            shown += f", with --init_from {INIT_FROM_DEFAULTS[field.name]!r}"
+        if field.name == "vocab_size":
+            shown = "the text's characters; for a .bin, its largest id + 1"
         text = f"{helps[field.name]} (default: {shown})".replace("%", "%%")
-        parser.add_argument(f"--{field.name}", help=text, **(flag if field.type is bool else dict(type=field.type)))
+        if field.type is bool:
+            kind = flag
+        elif field.name in LIMITS:
+            low, high = LIMITS[field.name]
+            kind = dict(type=cli.number(field.type, lambda v, low=low, high=high: low <= v < high,
+                                        f"in [{low}, {high})"))
+        else:
+            kind = dict(type=field.type)
+        parser.add_argument(f"--{field.name}", help=text, **kind)
     args = parser.parse_args(argv)
-    own = ("data", "resume", "log_interval", "compile")
-    return args, {name: value for name, value in vars(args).items() if value is not None and name not in own}
+    own = ("data", "dtype", "init_from", "resume", "log_interval", "compile")
+    given = {name: value for name, value in vars(args).items() if value is not None and name not in own}
+    if args.resume and args.init_from:
+        parser.error("--resume continues a run, --init_from starts one from GPT-2: give one of them")
+    return args, given
 
 
-def read_text(path, what="the data file", flag="--data"):
-    """The UTF-8 text at path, or one line that says why not and how to fix it."""
+def check_schedule(tc):
+    """A decay that would rise is refused: --learning_rate 1e-4 alone is below the default min_lr."""
+    if tc.min_lr > tc.learning_rate:
+        raise ValueError(f"min_lr ({tc.min_lr}) is above learning_rate ({tc.learning_rate}): lower "
+                         f"min_lr too")
+
+
+# ---------------------------------------------------------------------------------------------- data
+def check_block_size(tc, data):
+    """A block_size beyond the held-out tokens is refused, by its flag's name, before anything is
+    built."""
+    held_out = len(data) - int(0.9 * len(data))
+    if tc.block_size >= held_out:
+        raise ValueError(f"--block_size {tc.block_size} is too long for the {held_out} tokens held out "
+                         f"for validation (the last 10% of --data): lower --block_size, or give more")
+
+
+# ---------------------------------------------------------------------------------------------- out_dir
+def check_out_dir(out_dir):
+    """An --out_dir that cannot be written fails now, by its real cause, not at the first save
+    after minutes of training."""
+    path = os.path.join(out_dir, "ckpt.pt")
     try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):  # a folder; or a device or a pipe, which could be read forever
-            raise OSError(0, "it is a folder" if stat.S_ISDIR(mode) else "it is not a regular file")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
-        raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a UTF-8 text file") from None
-    if not text:
-        raise ValueError(f"{what} {path} is empty: pass {flag} a text with something in it")
-    return text
+        os.makedirs(out_dir, exist_ok=True)
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise IsADirectoryError(0, "it is there, and not a file")
+        with open(path + ".probe", "wb"):
+            pass
+        os.remove(path + ".probe")
+    except OSError as e:
+        # makedirs says only "File exists" of a file where the folder should be.
+        reason = f"{out_dir} is there, and not a folder" if isinstance(e, FileExistsError) else e.strerror
+        raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
 
 
-def load(path, device=""):
-    """gpt.load_checkpoint, with one line that says what is wrong when path holds no checkpoint it can read."""
-    device = gpt.get_device(str(device))
-    if not os.path.isfile(path):  # missing, or a folder, a device or a pipe
-        raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
+def own_out_dir(out_dir):
+    """Locks out_dir/train.lock for as long as this process lives, so that one run at a time trains
+    there. The operating system releases the lock of a process that ends, a crashed one too."""
     try:
-        model, tokenizer, ckpt = gpt.load_checkpoint(path, device)
-        if tokenizer.vocab_size != model.config.vocab_size:  # else decoding a sampled token would fail
-            raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of {model.config.vocab_size}")
-        return model, tokenizer, ckpt
-    except Exception as e:
-        first = re.split(r"(?<=\.)\s|\n", str(e).strip())[0]  # torch's own messages go on for lines
-        raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}"
-                         f"{': ' + first if first else ''}); train a new one with python train.py") from None
-
-
-def default_prompt(tokenizer):
-    """A newline, where lines begin, if the training text had one; else its first character."""
-    return "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
-
-
-def printable_stdout():
-    """A character stdout cannot encode (an ASCII terminal, a Windows pipe) prints as an escape, \\xe9, not an error."""
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")
-
-
-def silence_stdout():
-    """Points stdout at /dev/null, so that later prints, and the flush at exit, no longer fail."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def printer(*args):
-    """print, but when stdout goes away (python train.py | head) training goes on without it."""
+        import fcntl
+    # Windows has no fcntl: runs there are not kept apart.
+    except ImportError:
+        return None
+    lock = open(os.path.join(out_dir, "train.lock"), "a+")
     try:
-        print(*args, flush=True)
-    except OSError:  # BrokenPipeError, or a full disk
-        silence_stdout()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise ValueError(f"{out_dir} is in use by a training run ({holder}): wait for it to end, or "
+                         f"pass another --out_dir") from None
+    lock.truncate(0)
+    lock.write(f"process {os.getpid()} on {os.uname().nodename}\n")
+    lock.flush()
+    return lock
 
 
-def end_quietly():
-    """For a reader gone away (python sample.py | head): no traceback, and the exit status of cat in its place."""
-    silence_stdout()
-    sys.exit(141)
+# ---------------------------------------------------------------------------------------------- resume
+def resumed_config(tc, ckpt, given, log):
+    """The options a resumed run trains with: those the checkpoint recorded, then those given
+    (recorded in the next checkpoint, as they run); the model's own options stay, and those given
+    that differ are named as ignored."""
+    recorded = {k: v for k, v in ckpt.get("train_config", {}).items() if k not in ("out_dir", "device")}
+    known = {f.name for f in dataclasses.fields(gpt.TrainConfig)}
+    kept = {k: v for k, v in recorded.items() if k in known and k not in given}
+    tc = dataclasses.replace(tc, **kept, **given)
+    return keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
+
+
+def keep_model_options(tc, config, given, why, log):
+    """tc with the model options of config, naming those given that differ as ignored; the
+    training's block_size may be the model's or shorter."""
+    ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
+               if name in given and given[name] != getattr(config, name)]
+    if ignored:
+        log(f"{why} keeps the model's options, so these are ignored: {', '.join(ignored)}")
+    block_size = min(tc.block_size, config.block_size) if "block_size" not in given else tc.block_size
+    if block_size > config.block_size:
+        raise ValueError(f"--block_size {block_size} is beyond the model's context of "
+                         f"{config.block_size}: give at most that")
+    options = {name: getattr(config, name) for name in MODEL_OPTIONS}
+    return dataclasses.replace(tc, **options, block_size=block_size)
+
+
+# ---------------------------------------------------------------------------------------------- DDP
+class Failed(ValueError):
+    """An error every process of a DDP run knows of, which one of them has already been chosen to
+    show: shown says whether this one is it."""
+
+    def __init__(self, message, shown):
+        super().__init__(message)
+        self.shown = shown
 
 
 def distributed():
     """(rank, local rank, world size) as torchrun sets them; (0, 0, 1) in a single process."""
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        return (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), world) if world > 1 else (0, 0, 1)
+        if world > 1:
+            return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), world
+        return 0, 0, 1
     except (KeyError, ValueError):
-        raise ValueError(f"WORLD_SIZE is {os.environ.get('WORLD_SIZE')!r} without torchrun's RANK and LOCAL_RANK: "
-                         f"launch with torchrun --nproc_per_node=N train.py, or unset WORLD_SIZE") from None
+        raise ValueError(f"WORLD_SIZE is {os.environ.get('WORLD_SIZE')!r} without torchrun's RANK and "
+                         f"LOCAL_RANK: launch with torchrun --nproc_per_node=N train.py, or unset "
+                         f"WORLD_SIZE") from None
 
 
-def check_out_dir(out_dir):
-    """An unusable --out_dir fails now, not at the first save after minutes of training."""
-    path = os.path.join(out_dir, "ckpt.pt")
+def agree_on_setup(error, vocabulary, rank, world):
+    """Under DDP each process reads its data and builds its model alone; here they compare, so that
+    a fault found by one process alone reaches the user in one line from it, and the processes do
+    not train on texts whose ids mean different characters."""
+    if world == 1:
+        if error is not None:
+            raise error
+        return
+    message = None if error is None else describe(error)
+    told = [None] * world
+    dist.all_gather_object(told, (message, vocabulary))
+    failed = [r for r, (m, _) in enumerate(told) if m is not None]
+    if failed:
+        first = failed[0]
+        where = "" if first == 0 else f" (process {first} of {world})"
+        raise Failed(f"{told[first][0]}{where}", shown=rank == first)
+    differ = [r for r, (_, v) in enumerate(told) if v != told[0][1]]
+    if differ:
+        raise Failed(f"process {differ[0]} of {world} has another vocabulary than process 0 (its "
+                     f"--data has other characters, or another tokenizer): give every process the "
+                     f"same --data", shown=rank == 0)
+
+
+def describe(error):
+    """The one line an error is shown as; a bug's type and message, for the process that saw it."""
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        if os.path.exists(path) and not os.path.isfile(path):
-            raise IsADirectoryError(0, "it is not a file")
-    except OSError as e:  # makedirs says "File exists" of a file where the folder should be
-        reason = f"{out_dir} is there, and not a folder" if isinstance(e, FileExistsError) else e.strerror
-        raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
+        return cli.one_line(error)
+    except Exception:
+        return f"{type(error).__name__}: {error}"
 
 
-def resumed(tc, text, path, given, rank, log):
-    """A Trainer that goes on where the checkpoint at path stopped: its model and characters, AdamW's moments, the
-    iteration, the clock and the random states. Model options given that differ from the checkpoint's are named as
-    ignored, and the options it records say which model it holds."""
-    model, tokenizer, ckpt = load(path, tc.device)
-    ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
-               if name in given and given[name] != getattr(model.config, name)]
-    if ignored:
-        log(f"--resume keeps the checkpoint's model, so these are ignored: {', '.join(ignored)}")
-    tc = dataclasses.replace(tc, **{name: getattr(model.config, name) for name in MODEL_OPTIONS})
-    missing = [key for key in ("optimizer", "iter", "elapsed", "rng") if key not in ckpt]
-    if missing:
-        raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; train without --resume")
-    unknown = "".join(sorted(set(text) - tokenizer.stoi.keys()))
-    if unknown:
-        raise ValueError(f"the text has characters {path} never saw ({unknown!r}): resume on the text it was trained "
-                         f"on (--data), or train without --resume")
-    trainer = gpt.Trainer(process_config(tc, rank), text, model.train(), tokenizer, log)
+def agree(trainer, stop, world, check_loss):
+    """Under DDP every process must stop at the same step and read the same clock (max_time), or the
+    others wait forever in the next all-reduce: each takes the largest stop signal and clock of
+    them all, and the loss is checked on all of them at once. Returns (stop, diverged)."""
+    if world == 1:
+        return stop, check_loss and not math.isfinite(trainer.loss.item())
+    flags = torch.stack([torch.tensor(float(stop)), torch.tensor(trainer.elapsed),
+                         (~torch.isfinite(trainer.loss.detach().cpu())).double()])
+    flags = flags.double().to(trainer.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    stop, elapsed, diverged = flags.tolist()
+    trainer.elapsed = elapsed
+    return int(stop), check_loss and bool(diverged)
+
+
+@contextlib.contextmanager
+def process_group(world, local_rank, device_name):
+    """Joins the torchrun job's process group, when there is one and it is not joined yet (a test
+    may spawn the processes itself); NCCL on GPUs, Gloo on CPUs. Yields the device name to use."""
+    if world == 1 or dist.is_initialized():
+        yield device_name
+        return
+    if cli.usable_device(device_name).type == "cuda":
+        device_name = f"cuda:{local_rank}"
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if device_name.startswith("cuda") else "gloo")
     try:
-        trainer.optimizer.load_state_dict(ckpt["optimizer"])
-        trainer.it, trainer.elapsed = int(ckpt["iter"]), float(ckpt["elapsed"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        trainer.generator.set_state(ckpt["rng"]["batches"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{path} holds a training state that does not fit its model ({type(e).__name__}); "
-                         f"train without --resume") from None
-    if rank:  # only the first process's random states are saved: the others draw new streams of their own
-        trainer.generator.manual_seed(trainer.tc.seed + 1_000_003 * trainer.it)
-        torch.manual_seed(trainer.tc.seed + 1_000_003 * trainer.it)
-    log(f"resuming {path} at iteration {trainer.it}")
-    return trainer
+        yield device_name
+    finally:
+        dist.destroy_process_group()
 
 
-def process_config(tc, rank):
-    """Each process draws its own batches (DDP starts every copy of the model from the first one's weights), and only
-    the first writes checkpoints."""
-    return dataclasses.replace(tc, seed=tc.seed + rank, out_dir=tc.out_dir if rank == 0 else "")
+# ---------------------------------------------------------------------------------------------- signals
+class Stopped(Exception):
+    """A stopping signal outside the training steps: in the closing report, nothing is left to save."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 @contextlib.contextmanager
 def signals_caught():
-    """While training, a stopping signal only joins the list this yields, so the step under way finishes whole and
-    can be saved; a second one stops at once, unsaved (the last checkpoint stays as it was). Handlers can be set only
-    in the main thread; elsewhere the signals keep theirs."""
-    caught = []
+    """While training, a stopping signal only joins the list this yields, so that the step under way
+    finishes whole and can be saved. Once the list's .urgent is set (the closing report), or for a
+    second signal, it raises at once: Stopped, or KeyboardInterrupt, which leaves the last
+    checkpoint as it was. Handlers can be set only in the main thread; elsewhere the signals keep
+    theirs."""
+    caught = SignalList()
 
     def on_signal(signum, frame):
         if caught:
-            raise KeyboardInterrupt  # the second: do not wait for the step
+            raise KeyboardInterrupt
         caught.append(signum)
+        if caught.urgent:
+            raise Stopped(signum)
 
     main_thread = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.signal(s, on_signal) for s in STOPS} if main_thread else {}
@@ -228,161 +321,247 @@ def signals_caught():
             signal.signal(s, handler)
 
 
-def agree(trainer, stop, world):
-    """Under DDP, every process must stop at the same step and read the same clock (max_time), or the others wait
-    forever in the next all-reduce: each takes the largest stop signal and clock of them all."""
-    if world == 1:
-        return stop
-    flags = torch.tensor([stop, trainer.elapsed], dtype=torch.float64, device=trainer.device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    trainer.elapsed = flags[1].item()
-    return int(flags[0])
+class SignalList(list):
+    """The signals caught so far; urgent: whether the next one stops at once."""
+    urgent = False
 
 
 class Progress:
-    """The progress line: loss, learning rate, the steps' own time (the evaluations between them left out), and ETA."""
+    """The progress line: loss, learning rate, the steps' own time (the evaluations between them
+    left out), and the ETA."""
 
     def __init__(self, trainer, tokens_per_step):
-        self.trainer, self.tokens_per_step = trainer, tokens_per_step
-        self.t_step = self.t_line = time.time()
-        self.it_line, self.timed, self.timed_steps = trainer.it, 0.0, 0
+        self.trainer = trainer
+        self.tokens_per_step = tokens_per_step
+        self.t_step = time.time()
+        self.t_line = self.t_step
+        self.it_line = trainer.it
+        self.timed = 0.0
+        self.timed_steps = 0
 
     def step(self):
         """Called after each step: it counts unless an evaluation ran since the step before."""
         now = time.time()
         if (self.trainer.it - 1) % self.trainer.tc.eval_interval:
-            self.timed, self.timed_steps = self.timed + now - self.t_step, self.timed_steps + 1
+            self.timed += now - self.t_step
+            self.timed_steps += 1
         self.t_step = now
 
     def line(self, loss):
-        trainer, tc, it = self.trainer, self.trainer.tc, self.trainer.it
-        dt = max(self.timed / self.timed_steps if self.timed_steps else
-                 (self.t_step - self.t_line) / max(1, it - self.it_line), 1e-9)  # seconds per step
+        trainer = self.trainer
+        tc = trainer.tc
+        it = trainer.it
+        if self.timed_steps:
+            dt = self.timed / self.timed_steps
+        else:
+            dt = (self.t_step - self.t_line) / max(1, it - self.it_line)
+        dt = max(dt, 1e-9)
         left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
-        self.t_line, self.it_line, self.timed, self.timed_steps = self.t_step, it, 0.0, 0
+        self.t_line = self.t_step
+        self.it_line = it
+        self.timed = 0.0
+        self.timed_steps = 0
+        lr = trainer.optimizer.param_groups[0]["lr"]
         return (f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
-                f"{trainer.optimizer.param_groups[0]['lr']:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} "
-                f"ms/iter | {self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
+                f"{lr:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | "
+                f"{self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
 
 
-@torch.no_grad()
-def loss_by_position(trainer):
-    """Mean val loss at each position of eval_iters batches, (T,): what each character more of context buys."""
-    trainer.model.eval()
-    losses = []
-    for _ in range(trainer.tc.eval_iters):
-        x, y = trainer.batch("val")
-        with trainer.amp:
-            logits = trainer.model(x)[0].float()  # (B, T, vocab_size)
-        losses.append(F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(0))  # (T,)
-    return torch.stack(losses).mean(0)
+# ---------------------------------------------------------------------------------------------- the run
+def process_config(tc, rank):
+    """Each process draws its own batches (DDP starts every copy of the model from the first one's
+    weights), and only the first writes checkpoints."""
+    return dataclasses.replace(tc, seed=tc.seed + rank, out_dir=tc.out_dir if rank == 0 else "")
 
 
-def run(tc, text, log=print, resume=False, log_interval=100, compile=False, given=()):
-    """Trains as tc says, around gpt.Trainer.steps(); under torchrun, data-parallel. Returns the trainer and the
-    signal that stopped it, or None when it ran to the end. given: the options the user set, for --resume."""
-    rank, local_rank, world = distributed()
-    if world == 1:
-        return _run(tc, text, log, resume, log_interval, compile, given, 0, 1)
-    if gpt.get_device(tc.device).type == "cuda":
-        tc = dataclasses.replace(tc, device=f"cuda:{local_rank}")
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if tc.device.startswith("cuda") else "gloo")
-    try:
-        return _run(tc, text, log if rank == 0 else lambda *args: None, resume, log_interval, compile, given, rank,
-                    world)
-    finally:
-        dist.destroy_process_group()
-
-
-def _run(tc, text, log, resume, log_interval, compile, given, rank, world):
+def set_up(tc, data, log, resume, given, init_from, rank):
+    """The Trainer this process trains with: new, resumed from out_dir/ckpt.pt, or from GPT-2's
+    weights. Everything that can be checked is checked here, before the first step."""
     path = os.path.join(tc.out_dir, "ckpt.pt")
-    if tc.out_dir and rank == 0:
-        check_out_dir(tc.out_dir)
-    trainer = resumed(tc, text, path, given, rank, log) if resume else \
-        gpt.Trainer(process_config(tc, rank), text, log=log)
-    if tc.out_dir and not resume and os.path.isfile(path):  # checked last, so that other mistakes are named first
-        raise ValueError(f"{path} holds an earlier run, which this one would overwrite: continue it with --resume, "
-                         f"or start anew in another --out_dir (or remove it)")
+    model = None
+    chars = None
+    tokenizer = None
+    ckpt = None
+    if resume:
+        model, chars_tokenizer, ckpt = cli.load(path, tc.device)
+        tc = resumed_config(tc, ckpt, given, log)
+        # A character model's text is read again with its characters; another's with its tokenizer.
+        chars = getattr(chars_tokenizer, "chars", None)
+        if chars is None:
+            tokenizer = cli.tokenizer_of(ckpt, None)
+    elif init_from:
+        model = cli.load_gpt2(init_from, tc.device)
+        tc = keep_model_options(tc, model.config, given, "--init_from", log)
+        tokenizer = cli.GPT2Tokenizer(cli.gpt2_folder(init_from))
+    check_schedule(tc)
+    if resume and chars is None and tokenizer is None and not cli.is_ids(data):
+        raise ValueError(f"{path} was trained on token ids of a tokenizer it only names "
+                         f"({ckpt.get('tokenizer')}): resume it on the same ids, --data FILE.bin")
+    data, tokenizer = cli.read_data(data, chars, tokenizer)
+    if model is None and tokenizer is None and "vocab_size" not in given:
+        tc = dataclasses.replace(tc, vocab_size=int(data.max()) + 1)
+    check_block_size(tc, data)
+    trainer = gpt.Trainer(process_config(tc, rank), data, tokenizer, model and model.train(), log)
+    if resume:
+        cli.check_resumable(ckpt, trainer, path)
+        try:
+            trainer.load_state_dict(ckpt)
+        except (RuntimeError, TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{path} holds a training state that does not fit its model "
+                             f"({type(e).__name__}); train without --resume") from None
+        # Only the first process's random states are saved: the others draw new streams of their own.
+        if rank:
+            seed = (trainer.tc.seed + 1_000_003 * trainer.it) % 2 ** 63
+            trainer.generator.manual_seed(seed)
+            torch.manual_seed(seed)
+        log(f"resuming {path} at iteration {trainer.it}")
+    elif tc.out_dir and os.path.isfile(path):
+        raise ValueError(f"{path} holds an earlier run, which this one would overwrite: continue it "
+                         f"with --resume, or start anew in another --out_dir (or remove it)")
+    return trainer
+
+
+def run(tc, data, log=print, resume=False, log_interval=100, compile=False, given=(), init_from=None):
+    """Trains as tc says, around gpt.Trainer.steps(); under torchrun, data-parallel. data: a text,
+    token ids, or a cli.DataFile to read. Returns the trainer and the signal that stopped it, or None
+    when it ran to the end. given: the options the user set, for --resume and --init_from."""
+    rank, local_rank, world = distributed()
+    with process_group(world, local_rank, tc.device) as device_name:
+        tc = dataclasses.replace(tc, device=device_name)
+        say = log if rank == 0 else lambda *args: None
+        lock = None
+        trainer = None
+        error = None
+        try:
+            if tc.out_dir and rank == 0:
+                check_out_dir(tc.out_dir)
+                lock = own_out_dir(tc.out_dir)
+            trainer = set_up(tc, data, say, resume, dict(given), init_from, rank)
+        # Every process's error, a bug's too, goes to the agreement, so that none waits for another.
+        except Exception as e:
+            error = e
+        vocabulary = None if trainer is None else vocabulary_of(trainer)
+        try:
+            agree_on_setup(error, vocabulary, rank, world)
+            return drive(trainer, say, log_interval, compile, rank, world)
+        finally:
+            if lock is not None:
+                lock.close()
+
+
+def vocabulary_of(trainer):
+    """What the processes of a DDP run must agree on: the characters, or the tokenizer's name, and
+    the vocabulary's size."""
+    tokenizer = trainer.tokenizer
+    name = getattr(tokenizer, "chars", None) or getattr(tokenizer, "name", None)
+    return name, trainer.model.config.vocab_size
+
+
+def drive(trainer, log, log_interval, compile, rank, world):
+    """Runs trainer.steps() with what a long run needs around them: DDP and torch.compile, progress
+    lines, the NaN stop, saving on a signal, and the closing report."""
+    tc = trainer.tc
+    path = os.path.join(tc.out_dir, "ckpt.pt")
     cuda = trainer.device.type == "cuda"
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     if compile:
-        trainer.train_model = torch.compile(trainer.train_model)
+        trainer.wrapped_model = torch.compile(trainer.wrapped_model)
     if world > 1:
-        trainer.train_model = torch.nn.parallel.DistributedDataParallel(
-            trainer.train_model, device_ids=[trainer.device.index] if cuda else None)
+        trainer.wrapped_model = torch.nn.parallel.DistributedDataParallel(
+            trainer.wrapped_model, device_ids=[trainer.device.index] if cuda else None)
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    log(f"{n_params / 1e6:.2f}M parameters on {trainer.device}" + (f", {world} processes" if world > 1 else ""))
-    progress = Progress(trainer, tc.batch_size * trainer.model.config.block_size * tc.grad_accum * world)
+    processes = f", {world} processes" if world > 1 else ""
+    log(f"{n_params / 1e6:.2f}M parameters on {trainer.device}{processes}; "
+        f"{len(trainer.splits['train']):,} tokens to train on, {len(trainer.splits['val']):,} held out")
+    tokens_per_step = tc.batch_size * tc.block_size * tc.grad_accum * world
+    progress = Progress(trainer, tokens_per_step)
+    figures = dict(tokens_per_step=tokens_per_step, processes=world)
+    start = trainer.it
+    stop = 0
     with signals_caught() as caught:
         for _ in trainer.steps():
             progress.step()
-            it, stop = trainer.it, agree(trainer, max(caught, default=0), world)
-            last = stop or trainer.done()
-            if it % log_interval == 0 or it % tc.eval_interval == 0 or last:  # and so before every save
-                loss = trainer.loss.item()
-                if not math.isfinite(loss):
-                    raise ValueError(f"the training loss is {loss} at iteration {it}: training diverged; lower "
-                                     f"--learning_rate or raise --warmup_iters (the last good checkpoint in "
-                                     f"{tc.out_dir} is left as it was)")
-                if it % log_interval == 0 or last:
-                    log(progress.line(loss))
+            it = trainer.it
+            last = trainer.done()
+            check = it % log_interval == 0 or it % tc.eval_interval == 0 or last
+            stop, diverged = agree(trainer, max(caught, default=0), world, check or world > 1)
+            if diverged:
+                raise Failed(f"the training loss is {trainer.loss.item()} at iteration {it}: training "
+                             f"diverged; lower --learning_rate or raise --warmup_iters (the last good "
+                             f"checkpoint in {tc.out_dir} is left as it was)", shown=rank == 0)
+            if it % log_interval == 0 or last or stop:
+                log(progress.line(trainer.loss.item()))
             if stop:
                 trainer.save()
-                log(f"{signal.Signals(stop).name}: " + (f"saved iteration {it} to {path}; continue with --resume"
-                                                        if tc.out_dir else f"stopped at iteration {it}, unsaved"))
-                return trainer, stop
-    if rank == 0 and trainer.history["val"]:
-        report(trainer, path, log)
-    elif rank == 0:
-        log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or --max_time to go on")
-    return trainer, None
+                break
+        # A signal during the last evaluation and save, after the last step: the save is done.
+        stop = stop or max(caught, default=0)
+        caught.urgent = True
+        if rank:
+            return trainer, stop or None
+        if trainer.it == start:
+            log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or "
+                f"--max_time to go on")
+            return trainer, None
+        saved = f"saved iteration {trainer.it} to {path}" if tc.out_dir else "trained; no --out_dir"
+        if stop:
+            go_on = "; continue with --resume" if tc.out_dir else ""
+            log(f"{signal.Signals(stop).name}: {saved}{go_on}")
+        else:
+            log(f"{saved} ({trainer.elapsed:.0f} s of training)")
+        # The report shows the evaluations: a run stopped before its first has none to show.
+        if not trainer.history:
+            return trainer, stop or None
+        try:
+            close(trainer, log, figures)
+        except Stopped as e:
+            log(f"{e}: the report was cut short; iteration {trainer.it} is saved in {path}")
+            return trainer, e.signum
+    return trainer, stop or None
 
 
-def report(trainer, path, log):
-    log(f"saved {path} ({trainer.elapsed:.0f} s of training)" if trainer.tc.out_dir else "trained; no --out_dir")
-    by_position = loss_by_position(trainer)
-    log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one character of context, all a bigram "
-        f"model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
-    tok = trainer.tokenizer
-    prompt = torch.tensor([tok.encode(default_prompt(tok))], device=trainer.device)
-    with trainer.amp:
-        sample = trainer.model.eval().generate(prompt, 300, temperature=0.8,
-                                               generator=torch.Generator(trainer.device).manual_seed(0))
-    log("sample:\n" + tok.decode(sample[0, 1:].tolist()))
+def close(trainer, log, figures):
+    """The closing report: what context buys, a sample, and out_dir/report.html."""
+    by_position = report.loss_by_position(trainer)
+    log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one token of context, all "
+        f"a bigram model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
+    sample = report.closing_sample(trainer)
+    log("sample:\n" + sample)
+    if trainer.tc.out_dir:
+        page = report.write(trainer, os.path.join(trainer.tc.out_dir, "report.html"), by_position,
+                            sample, figures)
+        log(f"report: {page}")
 
 
 def main(argv=None):
     args, given = parse_args(argv)
-    world = 1
-    printable_stdout()
+    cli.printable_stdout()
+    rank = 0
     try:
-        world = distributed()[2]
-        defaults = CUDA_DEFAULTS if gpt.get_device(given.get("device", "")).type == "cuda" else {}
+        rank, _, _ = distributed()
+        device_type = cli.usable_device(given.get("device", "")).type
+        defaults = CUDA_DEFAULTS if device_type == "cuda" else {}
+        if args.init_from:
+            defaults = {**defaults, **INIT_FROM_DEFAULTS}
         tc = gpt.TrainConfig(**{**defaults, **given})
-        text = read_text(args.data)
-        _, stopped = run(tc, text, printer, args.resume, args.log_interval, args.compile, given)
-    except KeyboardInterrupt:  # before the training loop, or a second signal in it: nothing more to save
+        data = cli.DataFile(args.data, args.dtype)
+        _, stopped = run(tc, data, cli.printer, args.resume, args.log_interval, args.compile, given,
+                         args.init_from)
+    # Before the training loop, or a second signal in it: nothing more to save.
+    except KeyboardInterrupt:
         sys.exit(130)
-    except (ValueError, OSError, RuntimeError) as e:
-        # Under torchrun every process meets the same error; the first one says it.
-        sys.exit(f"error: {one_line(e)}" if world == 1 or os.environ.get("RANK") == "0" else 1)
+    except Failed as e:
+        if e.shown:
+            cli.fail(e)
+        sys.exit(1)
+    except (ValueError, OSError, RuntimeError, MemoryError) as e:
+        # Outside DDP's agreement (a fault in the middle of training), each process says its own.
+        where = "" if rank == 0 else f" (process {rank})"
+        cli.fail(cli.one_line(e) + where)
     if stopped:
         sys.exit(128 + stopped)
-
-
-def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
-    """What the error says, its first line; a failed torch.compile or out of memory, with advice. Any other
-    RuntimeError is a bug, raised again with its traceback, which helps to find it."""
-    first = (str(error).strip().splitlines() or [""])[0]
-    if isinstance(error, (ValueError, OSError)):
-        return first
-    if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):  # torch.compile's (--compile)
-        return f"torch.compile failed ({first}): train without --compile"
-    if "memory" not in str(error):
-        raise error
-    return f"out of memory ({first}): {advice}"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,478 @@
+"""What the command lines (train.py, sample.py, bench.py) share: argparse with one-line errors, checked
+numbers and devices, reading texts and token ids, loading checkpoints and GPT-2's weights with errors
+of one line, and the output's edge cases.
+
+Bad input is refused here, where it arrives, in one line that says what is wrong and what to do;
+gpt.py keeps only the checks that guard the model itself.
+"""
+import argparse
+import codecs
+import json
+import math
+import os
+import re
+import stat
+import struct
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import gpt
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse's message on one line, without the usage block above it.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def number(kind, ok, rule):
+    """An argparse type: a number of that kind for which ok(number) holds, written so that NaN
+    fails it."""
+    def parse(text):
+        # A ValueError here becomes argparse's own "invalid int value".
+        value = kind(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def parse_bool(text):
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def usable_device(name=""):
+    """gpt.get_device(name), refused in one line unless this machine can compute on it."""
+    try:
+        found = gpt.get_device(name)
+        # Meta's tensors hold no values: nothing can train or sample there.
+        if found.type in ("cpu", "cuda", "mps"):
+            # Only a device this machine has can hold a tensor.
+            torch.empty(0, device=found)
+            return found
+    # AssertionError: this PyTorch was built without CUDA.
+    except (RuntimeError, AssertionError):
+        pass
+    raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps")
+
+
+# ---------------------------------------------------------------------------------------------- input
+def check_file(path, what, flag):
+    """Refuses, in one line, a path that is missing or is not a regular file (a folder; a device
+    or a pipe, which could be read forever)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path} ({e.strerror}): pass {flag} a file") from None
+    if not stat.S_ISREG(mode):
+        reason = "it is a folder" if stat.S_ISDIR(mode) else "it is not a regular file"
+        raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a file")
+
+
+def read_text(path, what="the data file", flag="--data"):
+    """The UTF-8 text at path, whole, or one line that says why not and how to fix it."""
+    check_file(path, what, flag)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
+        raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a UTF-8 text file") from None
+    if not text:
+        raise ValueError(f"{what} {path} is empty: pass {flag} a text with something in it")
+    return text
+
+
+# UTF-8 read and decoded at a time: a text of any size needs the memory of one chunk beside its ids.
+CHUNK = 1 << 25
+
+
+def text_chunks(path):
+    """The UTF-8 text at path, as strings of about CHUNK characters: never the whole text at once."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(CHUNK)
+            text = decoder.decode(data, final=not data)
+            if text:
+                yield text
+            if not data:
+                return
+
+
+def code_points(text):
+    """The characters of text as a NumPy array of their Unicode numbers, (len(text),): no Python
+    object per character."""
+    return np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+
+
+def smallest_dtype(vocab_size):
+    """The smallest unsigned NumPy type that holds every id below vocab_size: uint8 up to 256."""
+    return next(np.dtype(t) for t in ("u1", "u2", "u4") if vocab_size <= np.iinfo(t).max + 1)
+
+
+def encode_file(path, chars=None, what="the data file", flag="--data"):
+    """(ids, chars): the UTF-8 text at path as one token per character, a NumPy array of the
+    smallest unsigned type that fits, and its vocabulary: the text's own distinct characters, or
+    chars, when given (a checkpoint's), which must hold every character of the text.
+
+    It reads the text twice, a chunk at a time: once to find its characters, once to map them to
+    ids through a table indexed by Unicode number. The memory it needs is the ids' and one chunk's.
+    """
+    check_file(path, what, flag)
+    try:
+        seen = np.zeros(sys.maxunicode + 1, dtype=bool)
+        length = 0
+        for text in text_chunks(path):
+            seen[code_points(text)] = True
+            length += len(text)
+        found = "".join(map(chr, np.flatnonzero(seen)))
+        unknown = "".join(sorted(set(found) - set(chars))) if chars is not None else ""
+        if unknown:
+            raise ValueError(f"{what} {path} has characters the checkpoint never saw ({unknown!r}): "
+                             f"use the text it was trained on, or train without --resume")
+        chars = found if chars is None else chars
+        table = np.zeros(sys.maxunicode + 1, dtype=smallest_dtype(len(chars)))
+        table[code_points(chars)] = np.arange(len(chars))
+        ids = np.empty(length, dtype=table.dtype)
+        start = 0
+        for text in text_chunks(path):
+            ids[start:start + len(text)] = table[code_points(text)]
+            start += len(text)
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
+        raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a UTF-8 text file") from None
+    if not length:
+        raise ValueError(f"{what} {path} is empty: pass {flag} a text with something in it")
+    return ids, chars
+
+
+# The types a file of token ids may hold (--dtype), as NumPy names them.
+ID_DTYPES = ("uint8", "uint16", "uint32", "int32", "int64")
+
+
+def read_ids(path, dtype="uint16", flag="--data"):
+    """The token ids in the file at path, raw little-endian integers of dtype one after another
+    (nanoGPT's train.bin), as a read-only np.memmap: they stay on disk until a batch reads them."""
+    check_file(path, "the file of token ids", flag)
+    itemsize = np.dtype(dtype).itemsize
+    size = os.path.getsize(path)
+    if not size or size % itemsize:
+        raise ValueError(f"{path} has {size} bytes, not a whole number of {dtype} ids, one at least: "
+                         f"pass --dtype the type its ids were written in")
+    return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+
+
+def load(path, device=""):
+    """gpt.load_checkpoint, with one line that says what is wrong when path holds no checkpoint it
+    can use."""
+    device = usable_device(str(device))
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
+    try:
+        model, tokenizer, ckpt = gpt.load_checkpoint(path, device)
+        # Else decoding a sampled token would fail, or give other characters than the training's.
+        if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
+            raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of "
+                             f"{model.config.vocab_size}")
+    except Exception as e:
+        # torch's own messages go on for lines, and advise weights_only=False, no help here.
+        first = re.split(r"(?<=\.)\s|\n", str(e).strip())[0]
+        raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}"
+                         f"{': ' + first if first else ''}); train a new one with python train.py") from None
+    if not all(w.isfinite().all() for w in ckpt["model"].values()):
+        raise ValueError(f"{path} holds weights that are NaN or inf, from a run that diverged: train "
+                         f"anew, with a lower --learning_rate")
+    return model, tokenizer, ckpt
+
+
+@dataclass
+class DataFile:
+    """--data as the command line gives it: read by each process as it sets itself up."""
+    path: str
+    dtype: str = "uint16"
+
+
+def read_data(data, chars=None, tokenizer=None):
+    """(data, tokenizer) for gpt.Trainer, from a DataFile, a text or token ids. A text is one token
+    per character (in chars, a checkpoint's, when given), or GPT-2's tokens when tokenizer is
+    GPT-2's; a .bin file is token ids, which stay on disk."""
+    if isinstance(data, DataFile) and data.path.endswith(".bin"):
+        return read_ids(data.path, data.dtype), tokenizer
+    if tokenizer is not None:
+        text = read_text(data.path) if isinstance(data, DataFile) else data
+        ids = tokenizer.encode(text)
+        return np.array(ids, dtype=smallest_dtype(tokenizer.vocab_size)), tokenizer
+    if isinstance(data, DataFile):
+        ids, chars = encode_file(data.path, chars)
+        return ids, gpt.CharTokenizer(chars)
+    if not isinstance(data, str):
+        return data, None
+    unknown = "".join(sorted(set(data) - set(chars or data)))
+    if unknown:
+        raise ValueError(f"the text has characters the checkpoint never saw ({unknown!r}): resume on "
+                         f"the text it was trained on (--data), or train without --resume")
+    return data, gpt.CharTokenizer(chars or data)
+
+
+def is_ids(data):
+    """Whether data is token ids, not a text: a .bin file, or an array or tensor of them."""
+    if isinstance(data, DataFile):
+        return data.path.endswith(".bin")
+    return not isinstance(data, str)
+
+
+# A step count that no run reaches: anything beyond is a damaged or hand-made checkpoint.
+MAX_ITER = 2 ** 53
+
+
+def check_resumable(ckpt, trainer, path):
+    """What a checkpoint brings to resume, checked against the model before AdamW ever steps on it:
+    a moment of the wrong shape makes the fused AdamW write out of bounds."""
+    missing = [key for key in ("optimizer", "iter", "elapsed", "rng", "history") if key not in ckpt]
+    if missing:
+        raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; train "
+                         f"without --resume")
+    wrong = f"{path} holds a training state that does not fit its model"
+    iteration = ckpt["iter"]
+    if not (isinstance(iteration, int) and 0 <= iteration < MAX_ITER):
+        raise ValueError(f"{wrong}: iteration {iteration!r}; train without --resume")
+    if not (isinstance(ckpt["elapsed"], float) and 0 <= ckpt["elapsed"] < math.inf):
+        raise ValueError(f"{wrong}: {ckpt['elapsed']!r} seconds of training; train without --resume")
+    params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    try:
+        saved = ckpt["optimizer"]["state"]
+        groups = ckpt["optimizer"]["param_groups"]
+        ids = [i for group in groups for i in group["params"]]
+        fits = sorted(ids) == list(range(len(params))) and all(
+            sorted(saved[i]) == ["exp_avg", "exp_avg_sq", "step"]
+            and saved[i]["step"].shape == () and saved[i]["exp_avg"].shape == params[i].shape
+            and saved[i]["exp_avg_sq"].shape == params[i].shape for i in saved)
+        fits = fits and all(isinstance(h, dict) and {"iter", "seconds", "lr", "train", "val"} <= h.keys()
+                            for h in ckpt["history"])
+    except (KeyError, TypeError, AttributeError, IndexError):
+        fits = False
+    if not fits:
+        raise ValueError(f"{wrong}: AdamW's moments or the evaluations; train without --resume")
+
+
+# ---------------------------------------------------------------------------------------------- GPT-2
+# GPT-2's four sizes, as the Hugging Face hub names them.
+GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# The tensor types of a .safetensors file, by the names its header gives them.
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                      "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+                      "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def read_safetensors(path):
+    """The tensors of a .safetensors file, read with torch alone. The format: 8 bytes, the header's
+    length as a little-endian integer; the header, JSON, {name: {"dtype", "shape", "data_offsets":
+    [begin, end]}} with offsets counted from the header's end; then the tensors' bytes."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        (header_size,) = struct.unpack("<Q", f.read(8).ljust(8, b"\xff"))
+        if header_size > size - 8:
+            raise ValueError(f"{path} is cut short, or not a .safetensors file: its header would end "
+                             f"past its {size} bytes")
+        header = json.loads(f.read(header_size))
+        header.pop("__metadata__", None)
+        tensors = {}
+        for name, entry in header.items():
+            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+            begin, end = entry["data_offsets"]
+            nbytes = math.prod(entry["shape"]) * dtype.itemsize
+            if end - begin != nbytes or 8 + header_size + end > size:
+                raise ValueError(f"{path} is cut short or damaged: tensor {name} does not fit in it")
+            f.seek(8 + header_size + begin)
+            tensors[name] = torch.empty(entry["shape"], dtype=dtype)
+            # torch.frombuffer needs a writable buffer, and one byte at least.
+            if nbytes:
+                data = bytearray(f.read(nbytes))
+                tensors[name] = torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
+    return tensors
+
+
+def gpt2_folder(source):
+    """The folder of GPT-2's files for --init_from: source itself, or one of GPT2_SIZES fetched
+    through huggingface_hub when it is installed (into its cache, once)."""
+    if os.path.isdir(source):
+        return source
+    if source not in GPT2_SIZES:
+        raise ValueError(f"--init_from {source}: no such folder, and not one of {', '.join(GPT2_SIZES)}")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ValueError(f"--init_from {source} downloads GPT-2 with huggingface_hub, which is not "
+                         f"installed: pip install huggingface_hub, or pass the folder of a "
+                         f"download (huggingface-cli download {source})") from None
+    patterns = ["config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json"]
+    try:
+        return huggingface_hub.snapshot_download(f"openai-community/{source}", allow_patterns=patterns)
+    except Exception as e:
+        raise ValueError(f"could not download {source} ({type(e).__name__}: {str(e).strip()[:200]}); "
+                         f"pass --init_from the folder of a download instead") from None
+
+
+def load_gpt2(source, device=""):
+    """GPT-2's weights in a gpt.GPT, on device, from source: a folder as transformers'
+    save_pretrained or huggingface-cli download leaves it (config.json with model.safetensors or
+    pytorch_model.bin), or a name of GPT2_SIZES. Everything amiss is one line."""
+    device = usable_device(str(device))
+    folder = gpt2_folder(source)
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        safetensors = os.path.join(folder, "model.safetensors")
+        if os.path.isfile(safetensors):
+            weights = read_safetensors(safetensors)
+        else:
+            weights = torch.load(os.path.join(folder, "pytorch_model.bin"), map_location="cpu",
+                                 weights_only=True)
+        if config.get("model_type") != "gpt2":
+            raise ValueError(f"its config.json is of a {config.get('model_type')!r} model, not gpt2")
+        model = gpt.GPT.from_gpt2(weights, n_head=config["n_head"])
+        # The tensors set the model; config.json must tell the same story.
+        said = {"n_layer": config["n_layer"], "n_embd": config["n_embd"],
+                "block_size": config["n_positions"], "vocab_size": config["vocab_size"]}
+        differ = [f"{name} {value} (the tensors' {getattr(model.config, name)})"
+                  for name, value in said.items() if value != getattr(model.config, name)]
+        if differ:
+            raise ValueError(f"its config.json disagrees with its weights: {', '.join(differ)}")
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"{folder} holds no GPT-2 this can load ({type(e).__name__}: {first}): pass "
+                         f"--init_from a folder with config.json and model.safetensors") from None
+    return model.to(device).eval()
+
+
+class GPT2Tokenizer:
+    """GPT-2's byte-level BPE, from tiktoken or from transformers, whichever is installed; neither is
+    a requirement of this project. It loads one on its first use, so that a run on ids already
+    made needs neither. name is what a checkpoint records of it."""
+    name = "gpt2"
+    vocab_size = 50257
+
+    def __init__(self, folder=None):
+        self.folder = folder
+        self.loaded = None
+
+    def encode(self, text):
+        return self.backend()[0](text)
+
+    def decode(self, ids):
+        return self.backend()[1](ids)
+
+    def backend(self):
+        """(encode, decode) of the library found, loaded once; one line if there is none."""
+        if self.loaded is None:
+            self.loaded = load_gpt2_tokenizer(self.folder)
+        return self.loaded
+
+
+def load_gpt2_tokenizer(folder=None):
+    """(encode, decode) of GPT-2's tokenizer: tiktoken's, else transformers' (from folder when it
+    holds the tokenizer's files, else from the hub)."""
+    try:
+        import tiktoken
+    except ImportError:
+        tiktoken = None
+    if tiktoken is not None:
+        try:
+            encoding = tiktoken.get_encoding("gpt2")
+        except Exception as e:
+            raise ValueError(f"tiktoken could not load GPT-2's tokenizer ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]})") from None
+        return encoding.encode_ordinary, encoding.decode
+    try:
+        from transformers import GPT2TokenizerFast
+    except ImportError:
+        raise ValueError("GPT-2's tokens need tiktoken or transformers, and neither is installed: "
+                         "pip install tiktoken") from None
+    has_files = folder and os.path.isfile(os.path.join(folder, "vocab.json"))
+    try:
+        tokenizer = GPT2TokenizerFast.from_pretrained(folder if has_files else "gpt2")
+    except Exception as e:
+        raise ValueError(f"transformers could not load GPT-2's tokenizer ({type(e).__name__}: "
+                         f"{str(e).strip()[:200]})") from None
+    return tokenizer.encode, tokenizer.decode
+
+
+def tokenizer_of(ckpt, chars_tokenizer, folder=None):
+    """The tokenizer a checkpoint was trained with: its characters', GPT-2's, or None for one it
+    only names (the user keeps theirs)."""
+    if chars_tokenizer is not None:
+        return chars_tokenizer
+    if ckpt.get("tokenizer") == GPT2Tokenizer.name:
+        return GPT2Tokenizer(folder)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- output
+def printable_stdout():
+    """A character stdout cannot encode (an ASCII terminal, a Windows pipe) prints as an escape,
+    \\xe9, not an error."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
+def silence_stdout():
+    """Flushes what stdout can still take, then points it at /dev/null, so that later prints, and
+    the flush at exit, no longer fail (a reader gone away, a full disk)."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
+    # Where stdout is no file (a test's capture), there is nothing to point elsewhere.
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+
+
+def printer(*args):
+    """print, but when stdout goes away (python train.py | head) training goes on without it."""
+    try:
+        print(*args, flush=True)
+    except OSError:
+        silence_stdout()
+
+
+def end_quietly():
+    """For a reader gone away (python sample.py | head): no traceback, and the exit status of cat
+    in its place."""
+    silence_stdout()
+    sys.exit(141)
+
+
+def fail(message):
+    """Ends the program with message on stderr and status 1; stdout's own failure, if that is the
+    error (a full disk), is not reported a second time at exit."""
+    silence_stdout()
+    sys.exit(f"error: {message}")
+
+
+def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
+    """What the error says, its first line; out of memory or a failed torch.compile, with advice.
+    Any other RuntimeError is a bug, raised again with its traceback, which helps to find it."""
+    text = str(error).strip()
+    first = (text.splitlines() or [""])[0]
+    # MemoryError is Python's; torch reports "... can't allocate memory", "CUDA out of memory" or
+    # C++'s std::bad_alloc.
+    if isinstance(error, MemoryError) or "memory" in text.lower() or "bad_alloc" in text:
+        return f"out of memory ({first or type(error).__name__}): {advice}"
+    if isinstance(error, (ValueError, OSError)):
+        return first
+    # torch.compile's, with --compile.
+    if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+        return f"torch.compile failed ({first}): train without --compile"
+    raise error

@@ -1,0 +1,322 @@
+"""The report of a training run: one self-contained HTML page, out_dir/report.html, to open in any
+browser or print. It shows the train and val loss against steps and seconds with the learning rate,
+the val loss at each position of the context (what each token of context buys), the attention maps
+of every layer and head for one line of the held-out text, the closing sample, the model and the
+run's figures.
+
+train.py writes it when a run ends, or a signal stops it; python sample.py --report rebuilds it from
+any checkpoint and its text. The pictures are inline SVG written here, the attention maps in them
+small PNG images: the page fetches nothing and runs no script.
+"""
+import base64
+import html
+import math
+import os
+import struct
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+# The most tokens of a line the attention maps show: each map is this many cells square.
+MAP_TOKENS = 32
+COLOURS = {"train": "#1f77b4", "val": "#d62728", "lr": "#7f7f7f"}
+
+
+# ---------------------------------------------------------------------------------------------- figures
+@torch.no_grad()
+def loss_by_position(trainer):
+    """The mean val loss at each position of eval_iters batches, (block_size,): what each token
+    more of context buys."""
+    trainer.model.eval()
+    losses = []
+    for _ in range(trainer.tc.eval_iters):
+        x, y = trainer.batch("val")
+        with trainer.amp:
+            logits = trainer.model(x)[0].float()  # (B, T, vocab_size)
+        losses.append(F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(0))  # (T,)
+    trainer.model.train()
+    return torch.stack(losses).mean(0)
+
+
+def prompt_ids(trainer):
+    """The closing sample's prompt: a newline, where lines begin, if the text has one; else its
+    first token."""
+    tokenizer = trainer.tokenizer
+    if tokenizer is not None and "\n" in getattr(tokenizer, "stoi", {"\n": None}):
+        try:
+            return tokenizer.encode("\n")
+        except ValueError:
+            pass
+    return [int(trainer.splits["val"][0])]
+
+
+def decode(tokenizer, ids):
+    """The text of ids, or the ids themselves where there is no tokenizer here to decode them."""
+    try:
+        return tokenizer.decode(ids)
+    except (AttributeError, ValueError):
+        return " ".join(map(str, ids))
+
+
+@torch.no_grad()
+def closing_sample(trainer, tokens=300):
+    """300 tokens drawn at temperature 0.8 after prompt_ids, with a seeded generator."""
+    model = trainer.model.eval()
+    prompt = torch.tensor([prompt_ids(trainer)], device=trainer.device)
+    generator = torch.Generator(trainer.device).manual_seed(0)
+    with trainer.amp:
+        sample = model.generate(prompt, tokens, temperature=0.8, generator=generator)
+    model.train()
+    return decode(trainer.tokenizer, sample[0, prompt.size(1):].tolist())
+
+
+def attention_line(trainer):
+    """Token ids (1, T) of one line of the held-out text, T at most MAP_TOKENS: the tokens after its
+    first newline, or its first tokens."""
+    val = trainer.splits["val"]
+    T = min(MAP_TOKENS, trainer.tc.block_size)
+    start = 0
+    newline = prompt_ids(trainer)
+    head = [int(i) for i in val[:4 * T]]
+    if len(newline) == 1 and newline[0] in head[:3 * T]:
+        start = head.index(newline[0]) + 1
+    return torch.tensor([head[start:start + T]], device=trainer.device)
+
+
+def labels(tokenizer, ids):
+    """What each token looks like on an axis: its text, with a newline, a space and a tab drawn."""
+    shown = []
+    for i in ids:
+        text = decode(tokenizer, [i]) if tokenizer is not None else str(i)
+        text = text.replace("\n", "\u21b5").replace(" ", "\u2423").replace("\t", "\u21e5")
+        shown.append(text[:8])
+    return shown
+
+
+# ---------------------------------------------------------------------------------------------- drawing
+def nice_ticks(low, high, count=5):
+    """About count round numbers, 1, 2 or 5 times a power of ten apart, from at most low to at
+    least high."""
+    if not high > low:
+        high = low + abs(low) * 0.1 + 1e-9
+    raw = (high - low) / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.floor(low / step + 1e-9) * step
+    last = math.ceil(high / step - 1e-9) * step
+    # Rounded, so that 3 * 0.05 is 0.15, not 0.15000000000000002.
+    return [round(first + i * step, 12) for i in range(round((last - first) / step) + 1)]
+
+
+def number(value):
+    return f"{value:.4g}"
+
+
+def chart(title, x_label, y_label, series, right=None, right_label="", right_scale=None,
+          width=520, height=300):
+    """An SVG line chart. series: [(name, [(x, y), ...])], a dot at every point, coloured as
+    COLOURS; right: one more series on a scale of its own, on the right; right_scale instead labels
+    the right axis with the left's values times it (bits beside nats)."""
+    left, top, bottom, gap = 58, 28, 42, 58
+    plot_w = width - left - gap
+    plot_h = height - top - bottom
+    points = [p for _, ps in series for p in ps]
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    x_ticks = nice_ticks(min(xs), max(xs))
+    y_ticks = nice_ticks(min(ys), max(ys))
+    x_lo, x_hi = x_ticks[0], x_ticks[-1]
+    y_lo, y_hi = y_ticks[0], y_ticks[-1]
+
+    def place(x, y, lo, hi):
+        px = left + (x - x_lo) / ((x_hi - x_lo) or 1) * plot_w
+        py = top + plot_h - (y - lo) / ((hi - lo) or 1) * plot_h
+        return px, py
+
+    out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+           f'role="img" aria-label="{html.escape(title)}">',
+           f'<text x="{left}" y="16" class="title">{html.escape(title)}</text>',
+           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
+    for t in x_ticks:
+        px, _ = place(t, y_lo, y_lo, y_hi)
+        out.append(f'<line x1="{px:.1f}" y1="{top}" x2="{px:.1f}" y2="{top + plot_h}" class="grid"/>')
+        out.append(f'<text x="{px:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">'
+                   f'{number(t)}</text>')
+    for t in y_ticks:
+        _, py = place(x_lo, t, y_lo, y_hi)
+        out.append(f'<line x1="{left}" y1="{py:.1f}" x2="{left + plot_w}" y2="{py:.1f}" class="grid"/>')
+        out.append(f'<text x="{left - 6}" y="{py + 4:.1f}" class="tick" text-anchor="end">{number(t)}</text>')
+    if right_scale:
+        # Round numbers of the right axis's own unit, placed where the left axis has them.
+        for t in nice_ticks(y_lo * right_scale, y_hi * right_scale):
+            if y_lo <= t / right_scale <= y_hi:
+                _, py = place(x_lo, t / right_scale, y_lo, y_hi)
+                out.append(f'<text x="{left + plot_w + 6}" y="{py + 4:.1f}" class="tick">{number(t)}</text>')
+    out.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" class="label" text-anchor="middle">'
+               f'{html.escape(x_label)}</text>')
+    out.append(f'<text transform="translate(14 {top + plot_h / 2}) rotate(-90)" class="label" '
+               f'text-anchor="middle">{html.escape(y_label)}</text>')
+    drawn = [(name, ps, y_lo, y_hi) for name, ps in series]
+    if right:
+        name, ps = right
+        r_ticks = nice_ticks(min(y for _, y in ps), max(y for _, y in ps))
+        r_lo, r_hi = r_ticks[0], r_ticks[-1]
+        drawn.append((name, ps, r_lo, r_hi))
+        for t in r_ticks:
+            _, py = place(x_lo, t, r_lo, r_hi)
+            out.append(f'<text x="{left + plot_w + 6}" y="{py + 4:.1f}" class="tick" '
+                       f'fill="{COLOURS[name]}">{number(t)}</text>')
+    if right or right_scale:
+        out.append(f'<text transform="translate({width - 10} {top + plot_h / 2}) rotate(90)" '
+                   f'class="label" text-anchor="middle">{html.escape(right_label)}</text>')
+    for i, (name, ps, lo, hi) in enumerate(drawn):
+        placed = [place(x, y, lo, hi) for x, y in ps]
+        colour = COLOURS.get(name, "#333")
+        path = " ".join(f"{px:.1f},{py:.1f}" for px, py in placed)
+        dash = ' stroke-dasharray="5 3"' if right and i == len(drawn) - 1 else ""
+        out.append(f'<polyline class="series {name}" data-points="{len(ps)}" points="{path}" '
+                   f'stroke="{colour}"{dash}/>')
+        out += [f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="{colour}"/>' for px, py in placed]
+        out.append(f'<text x="{left + plot_w - 8 - 48 * (len(drawn) - 1 - i)}" y="16" class="legend" '
+                   f'fill="{colour}" text-anchor="end">{html.escape(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def png(rows):
+    """A PNG image of rows of (r, g, b) pixels, written with zlib: the format's signature, then its
+    IHDR, IDAT and IEND chunks."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    height = len(rows)
+    width = len(rows[0])
+    # Each row starts with its filter, 0: none.
+    raw = b"".join(b"\x00" + bytes(c for pixel in row for c in pixel) for row in rows)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9))
+            + chunk(b"IEND", b""))
+
+
+def shade(weight):
+    """The colour of an attention weight in [0, 1]: white for 0, dark blue for 1. The square root
+    lets weights of a few percent show."""
+    w = math.sqrt(max(0.0, min(1.0, weight)))
+    return int(255 - 225 * w), int(255 - 190 * w), int(255 - 90 * w)
+
+
+def attention_map(weights, names, title, cell=8):
+    """One head's map as SVG: weights (T, T), row i the weights query i gives each key; the causal
+    mask's cells above the diagonal in grey. names: the tokens, along both axes."""
+    T = len(names)
+    rows = [[shade(weights[i][j]) if j <= i else (236, 236, 236) for j in range(T)] for i in range(T)]
+    image = base64.b64encode(png(rows)).decode()
+    margin = 12 + 6 * max(len(n) for n in names)
+    size = margin + T * cell + 4
+    out = [f'<svg class="attention" width="{size}" height="{size + 16}" viewBox="0 0 {size} '
+           f'{size + 16}" role="img" aria-label="{html.escape(title)}">',
+           f'<text x="{margin}" y="11" class="title">{html.escape(title)}</text>',
+           f'<image x="{margin}" y="{margin + 16}" width="{T * cell}" height="{T * cell}" '
+           f'preserveAspectRatio="none" style="image-rendering:pixelated" '
+           f'href="data:image/png;base64,{image}"/>']
+    for i, name in enumerate(names):
+        y = margin + 16 + i * cell + cell - 2
+        out.append(f'<text x="{margin - 3}" y="{y}" class="token" text-anchor="end">{html.escape(name)}</text>')
+        x = margin + i * cell + cell - 2
+        out.append(f'<text transform="translate({x} {margin + 13}) rotate(-90)" class="token">'
+                   f'{html.escape(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 24px auto;
+       max-width: 1240px; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
+p.note { color: #555; margin-top: 0; }
+table { border-collapse: collapse; } td, th { padding: 2px 12px 2px 0; text-align: left; vertical-align: top; }
+th { font-weight: 600; color: #444; }
+.row { display: flex; flex-wrap: wrap; gap: 12px 24px; align-items: flex-start; }
+.layer { margin: 10px 0 4px; font-weight: 600; }
+pre { background: #f6f6f6; padding: 10px 12px; white-space: pre-wrap; font-size: 13px; }
+svg text { font-family: system-ui, sans-serif; }
+svg .title { font-size: 13px; font-weight: 600; } svg .tick { font-size: 11px; fill: #555; }
+svg .label { font-size: 12px; fill: #333; } svg .legend { font-size: 12px; font-weight: 600; }
+svg .token { font: 8px ui-monospace, "DejaVu Sans Mono", monospace; fill: #333; }
+svg .frame { fill: none; stroke: #bbb; } svg .grid { stroke: #eee; }
+svg polyline { fill: none; stroke-width: 1.8; }
+@media print { body { margin: 0; max-width: none; } .row { break-inside: avoid; } }
+"""
+
+
+def table(rows):
+    return "<table>" + "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                               for k, v in rows) + "</table>"
+
+
+def page(trainer, by_position, sample, figures):
+    """The report's HTML."""
+    tc = trainer.tc
+    config = trainer.model.config
+    history = trainer.history
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    steps = [(h["iter"], h) for h in history]
+    losses = [(split, [(it, h[split]) for it, h in steps]) for split in ("train", "val")]
+    by_seconds = [(split, [(h["seconds"], h[split]) for h in history]) for split in ("train", "val")]
+    per_position = [(i, float(v)) for i, v in enumerate(by_position)]
+    tokens_per_s = figures["tokens_per_step"] * trainer.it / max(trainer.elapsed, 1e-9)
+    run_rows = [("steps", f"{trainer.it:,}"), ("training time", f"{trainer.elapsed:.0f} s"),
+                ("tokens per second", f"{tokens_per_s:,.0f} ({figures['processes']} process"
+                                      f"{'es' if figures['processes'] > 1 else ''})"),
+                ("parameters", f"{n_params:,}"), ("last val loss", f"{history[-1]['val']:.4f}")]
+    if getattr(trainer.tokenizer, "chars", None) is not None:
+        run_rows.append(("bits per character", f"{history[-1]['val'] / math.log(2):.3f}"))
+    line = attention_line(trainer)
+    names = labels(trainer.tokenizer, line[0].tolist())
+    maps = trainer.model.eval().attention(line)[:, 0].float().cpu()  # (n_layer, n_head, T, T)
+    trainer.model.train()
+    parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<title>GPT training report</title><style>{STYLE}</style></head><body>",
+             "<h1>GPT training report</h1>",
+             f"<p class=\"note\">{config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, "
+             f"a context of {config.block_size} tokens ({config.norm}, {config.pos} positions, "
+             f"{config.mlp}); trained {trainer.it:,} steps in {trainer.elapsed:.0f} s. Written by "
+             f"train.py; python sample.py --report writes it again from the checkpoint.</p>",
+             "<h2>Loss</h2><div class=\"row\">",
+             chart("Loss against steps", "step", "loss (nats)", losses,
+                   right=("lr", [(it, h["lr"]) for it, h in steps]), right_label="learning rate"),
+             chart("Loss against seconds", "seconds of training", "loss (nats)", by_seconds),
+             "</div>",
+             "<h2>What context buys</h2>"
+             "<p class=\"note\">The val loss at each position of the context: the first position "
+             "knows one token, as a bigram model does; each one after knows one more.</p>",
+             chart("Val loss at each position", "position in the context", "loss (nats)",
+                   [("val", per_position)], right_scale=1 / math.log(2), right_label="bits"),
+             "<h2>Attention</h2>",
+             "<p class=\"note\">Where each token of one held-out line looks: row i is the weights "
+             "token i gives the tokens up to it, from white (0) to dark blue (1); grey cells are "
+             "later tokens, which it may not see. From GPT.attention(ids), shape (n_layer, B, "
+             "n_head, T, T).</p>"]
+    for layer in range(maps.size(0)):
+        parts.append(f"<div class=\"layer\">layer {layer}</div><div class=\"row\">")
+        parts += [attention_map(maps[layer, head].tolist(), names, f"layer {layer}, head {head}")
+                  for head in range(maps.size(1))]
+        parts.append("</div>")
+    model_rows = [(f.replace("_", " "), v) for f, v in vars(config).items()]
+    train_rows = [(k, getattr(tc, k)) for k in ("batch_size", "grad_accum", "learning_rate", "min_lr",
+                                                "warmup_iters", "weight_decay", "beta2", "grad_clip",
+                                                "max_iters", "max_time", "seed")]
+    parts += ["<h2>Sample</h2>", f"<pre>{html.escape(sample)}</pre>",
+              "<h2>The run</h2><div class=\"row\">", table(run_rows), table(model_rows),
+              table(train_rows), "</div></body></html>"]
+    return "\n".join(parts)
+
+
+def write(trainer, path, by_position, sample, figures):
+    """Writes the report to path, whole or not at all (a temporary file renamed over it); returns
+    path."""
+    text = page(trainer, by_position, sample, figures)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return path
