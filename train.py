@@ -235,6 +235,8 @@ def agree_on_setup(error, vocabulary, rank, world):
     message = None if error is None else describe(error)
     told = [None] * world
     dist.all_gather_object(told, (message, vocabulary))
+    # Every process has what all of them told before any raises, and leaves the group.
+    dist.barrier()
     failed = [r for r, (m, _) in enumerate(told) if m is not None]
     if failed:
         first = failed[0]
