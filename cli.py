@@ -245,7 +245,8 @@ def check_resumable(ckpt, trainer, path):
     iteration = ckpt["iter"]
     if not (isinstance(iteration, int) and 0 <= iteration < MAX_ITER):
         raise ValueError(f"{wrong}: iteration {iteration!r}; train without --resume")
-    if not (isinstance(ckpt["elapsed"], float) and 0 <= ckpt["elapsed"] < math.inf):
+    elapsed = ckpt["elapsed"]
+    if isinstance(elapsed, bool) or not (isinstance(elapsed, (int, float)) and 0 <= elapsed < math.inf):
         raise ValueError(f"{wrong}: {ckpt['elapsed']!r} seconds of training; train without --resume")
     params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
     try:

@@ -743,6 +743,7 @@ def set_in(keys, value):
     (set_in(["iter"], "8"), "iteration '8'"),
     (set_in(["elapsed"], float("nan")), "nan seconds of training"),
     (set_in(["elapsed"], -1.0), "-1.0 seconds of training"),
+    (set_in(["elapsed"], "5"), "'5' seconds of training"),
     (set_in(["history"], [{"iter": 2}]), "the evaluations"),
     (set_in(["rng", "torch"], torch.zeros(3, dtype=torch.uint8)), "does not fit its model (RuntimeError)"),
 ])
