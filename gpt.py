@@ -391,9 +391,8 @@ def get_device(name=""):
 
 def autocast(device):
     """bf16 autocast on a GPU that has bf16; fp32 elsewhere (fp16 would need a gradient scaler)."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return torch.autocast(device.type, torch.bfloat16, enabled=bf16)
 
 
 def save_checkpoint(ckpt, path):
@@ -498,14 +497,11 @@ def train_step(model, optimizer, batches, grad_clip=0.0, amp=nullcontext()):
     """One optimizer step on the mean loss of equal-sized micro-batches [(x, y), ...], each (B, T);
     returns that loss."""
     mean_loss = 0.0
-    for i, (x, y) in enumerate(batches):
-        # Under DDP the processes average their gradients once, in the last micro-batch's backward.
-        last = i == len(batches) - 1
-        with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
-            with amp:
-                # The micro-batches' gradients add up to those of their mean loss.
-                loss = model(x, y)[1] / len(batches)
-            loss.backward()
+    for x, y in batches:
+        with amp:
+            # The micro-batches' gradients add up to those of their mean loss.
+            loss = model(x, y)[1] / len(batches)
+        loss.backward()
         mean_loss += loss.detach()
     if grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -550,13 +546,6 @@ class Trainer:
         # The initial weights, then dropout.
         torch.manual_seed(tc.seed)
         self.model = (model or GPT(tc.model_config(vocab_size=vocab_size))).to(self.device)
-        # A first write now, so that an out_dir that cannot be written fails before the training.
-        path = os.path.join(tc.out_dir, "ckpt.pt")
-        if tc.out_dir:
-            save_checkpoint({}, path + ".probe")
-            os.remove(path + ".probe")
-        if tc.out_dir and os.path.isdir(path):
-            raise IsADirectoryError(f"cannot write {path}: a folder of that name is in the way")
         self.optimizer = configure_optimizer(self.model, tc.learning_rate, tc.weight_decay,
                                              tc.beta2, self.device.type)
         # The batches come from a generator of their own, which a resumed run restores.
@@ -581,13 +570,16 @@ class Trainer:
         return xy[:, :-1], xy[:, 1:]  # (B, T) each
 
     def done(self):
-        if self.tc.max_time:
-            return self.elapsed >= self.tc.max_time
-        return self.it >= self.tc.max_iters
+        """Whether the run is over: by the clock with max_time, else by the steps."""
+        tc = self.tc
+        return self.elapsed >= tc.max_time if tc.max_time else self.it >= tc.max_iters
 
     def steps(self):
         """Trains; yields after each step, where the caller may log, check or stop, before the loop
-        evaluates and saves."""
+        evaluates and saves. A new run saves its first weights before its first step, so that an
+        out_dir that cannot be written fails before the training, not after it."""
+        if self.it == 0:
+            self.save()
         # The clock goes on from where a resumed run stood.
         t0 = time.time() - self.elapsed
         while not self.done():
@@ -635,11 +627,9 @@ class Trainer:
     def load_state_dict(self, state):
         """Goes on from state, state_dict()'s or a checkpoint's. It brings AdamW's moments; its
         hyperparameters (weight decay, betas) stay this run's, as tc sets them."""
-        groups = self.optimizer.param_groups
-        own = [{key: value for key, value in g.items() if key != "params"} for g in groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, hyperparameters in zip(self.optimizer.param_groups, own):
-            group.update(hyperparameters)
+        # AdamW's groups, which hold the hyperparameters, stay this run's; the moments come back.
+        own = self.optimizer.state_dict()["param_groups"]
+        self.optimizer.load_state_dict({"state": state["optimizer"]["state"], "param_groups": own})
         self.it = state["iter"]
         self.elapsed = state["elapsed"]
         self.history = state["history"]

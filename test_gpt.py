@@ -111,9 +111,9 @@ def test_code_lines_counts_code_alone():
 
 
 # The design card asks for at most 320 lines of code in gpt.py. With all that the issues put in it (GPT-2's weights,
-# attention maps, token ids, the resumable state, the checks), plain, it holds 420: the README says so, and this
+# attention maps, token ids, the resumable state, the checks), plain, it holds 409: the README says so, and this
 # number may only go down.
-GPT_PY_CODE_LINES = 420
+GPT_PY_CODE_LINES = 409
 
 
 def test_gpt_py_is_plain():
@@ -558,7 +558,8 @@ def test_weights_that_turn_nan_are_never_saved(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"the weights turned NaN or inf at iteration 4: lower the learning rate"):
         for _ in range(4):
             next(steps)
-    assert not (tmp_path / "out" / "ckpt.pt").exists()
+    kept = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)  # the last good one: the run's start
+    assert kept["iter"] == 0 and all(t.isfinite().all() for t in kept["model"].values())
 
 
 def test_the_resumable_state_goes_out_and_comes_back_through_the_trainer(tmp_path):
@@ -831,6 +832,34 @@ def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(
         assert torch.equal(p, ranks[0]["model"][name]), name
     trainer, _ = train.run(tc, TEXT, quiet, resume=True, given=dict(max_iters=42))  # and one process resumes it
     assert trainer.it == 42
+
+
+def test_ddp_averages_gradients_once_per_optimizer_step_with_grad_accum():
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                         world_size=1)
+    try:
+        idx = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(0))
+        micro_batches = [(idx[:, :-1], idx[:, 1:])] * 3
+        averaged = {}
+        for grad_accum in (3, 1):
+            ddp = train.AccumulatingDDP(tiny_model(), grad_accum)
+            calls = []
+
+            def count(state, bucket):  # a communication hook: runs once per bucket that is averaged
+                calls.append(1)
+                done = torch.futures.Future()
+                done.set_result(bucket.buffer())
+                return done
+
+            ddp.register_comm_hook(None, count)
+            optimizer = gpt.configure_optimizer(ddp.module, 1e-3, 0.0, 0.99)
+            for _ in range(2):
+                gpt.train_step(ddp, optimizer, micro_batches)
+            averaged[grad_accum] = len(calls)
+        # the same buckets, averaged after the last of 3 micro-batches only, against after each of them
+        assert averaged[3] > 0 and averaged[1] == 3 * averaged[3], averaged
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("fault, says, who", [

@@ -249,6 +249,24 @@ def agree_on_setup(error, vocabulary, rank, world):
                      f"same --data", shown=rank == 0)
 
 
+class AccumulatingDDP(torch.nn.parallel.DistributedDataParallel):
+    """DDP whose processes average their gradients once per optimizer step, in the backward of its
+    last micro-batch: gpt.train_step runs grad_accum forwards and backwards a step, and each of the
+    others only adds to the gradients here. The same as DDP's no_sync(), without gpt.py knowing of
+    DDP."""
+
+    def __init__(self, module, grad_accum, **kwargs):
+        super().__init__(module, **kwargs)
+        self.grad_accum = grad_accum
+        self.micro_batches = 0
+
+    def forward(self, *args, **kwargs):
+        self.micro_batches += 1
+        # DDP reads it at each forward: the backward after it averages across the processes or not.
+        self.require_backward_grad_sync = self.micro_batches % self.grad_accum == 0
+        return super().forward(*args, **kwargs)
+
+
 def describe(error):
     """The one line an error is shown as; a bug's type and message, for the process that saw it."""
     try:
@@ -471,8 +489,8 @@ def drive(trainer, log, log_interval, compile, rank, world):
     if compile:
         trainer.wrapped_model = torch.compile(trainer.wrapped_model)
     if world > 1:
-        trainer.wrapped_model = torch.nn.parallel.DistributedDataParallel(
-            trainer.wrapped_model, device_ids=[trainer.device.index] if cuda else None)
+        trainer.wrapped_model = AccumulatingDDP(trainer.wrapped_model, tc.grad_accum,
+                                                device_ids=[trainer.device.index] if cuda else None)
     n_params = sum(p.numel() for p in trainer.model.parameters())
     processes = f", {world} processes" if world > 1 else ""
     log(f"{n_params / 1e6:.2f}M parameters on {trainer.device}{processes}; "
