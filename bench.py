@@ -397,7 +397,7 @@ def main():
                                                         "(default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args()
-    device = gpt.get_device(args.device)
+    device = cli.usable_device(args.device)
     try:  # an unwritable --json fails now, not after minutes of measuring; "a" leaves a file there as it is till then
         if args.json:
             open(args.json, "a").close()
@@ -477,8 +477,9 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as e:  # a bad --data, --device, --nanogpt or --json
-        sys.exit(f"error: {e}")
+    # A bad --data, --device, --nanogpt or --json; out of memory; a full disk under --json.
+    except (ValueError, OSError, RuntimeError, MemoryError) as e:
+        cli.fail(cli.one_line(e, "run it on a machine with more memory"))
     except BrokenPipeError:
         cli.end_quietly()
     except KeyboardInterrupt:  # Ctrl-C: what was measured is printed already

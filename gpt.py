@@ -71,10 +71,15 @@ class GPTConfig:
         # Rotary positions turn pairs of channels within each head.
         pairs = 2 if self.pos == "rope" else 1
         if self.n_head < 1 or self.n_embd % (pairs * self.n_head):
-            raise ValueError(f"n_embd must be a multiple of n_head (of 2 n_head with rope): {self}")
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head "
+                             f"({self.n_head}), and with rope of 2 n_head")
+        # Written so that NaN fails: F.dropout would refuse it only once the model runs.
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
         for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}: {self}")
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
 
 def make_norm(config):
@@ -520,9 +525,9 @@ class Trainer:
     """A training run: the model (new, or one given), its AdamW, the data and where the run stands.
 
     data is a text, encoded by tokenizer (by default a CharTokenizer of that text), or a 1-D
-    sequence of token ids of any integer dtype: a torch tensor, a NumPy array or a np.memmap, read
-    a batch at a time, never converted whole. The last 10% of its tokens is held out for
-    validation. The vocabulary is the model's, else the tokenizer's, else tc.vocab_size.
+    sequence of token ids of any integer dtype: a list, a torch tensor, a NumPy array or a
+    np.memmap, read a batch at a time, never converted whole. The last 10% of its tokens is held
+    out for validation. The vocabulary is the model's, else the tokenizer's, else tc.vocab_size.
     """
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
@@ -531,7 +536,13 @@ class Trainer:
         self.device = get_device(tc.device)
         if isinstance(data, str):
             tokenizer = tokenizer or CharTokenizer(data)
-            data = torch.tensor(tokenizer.encode(data))
+            data = tokenizer.encode(data)
+        # A list of ids, as encode returns them, becomes a tensor; arrays and memmaps stay as they
+        # are.
+        if isinstance(data, list):
+            data = torch.tensor(data)
+        if data.ndim != 1:
+            raise ValueError(f"token ids must be one sequence (1-D), not {tuple(data.shape)}")
         self.tokenizer = tokenizer
         n = int(0.9 * len(data))
         # Checked before the model is built, which a block_size far beyond the data would make huge.
@@ -539,9 +550,10 @@ class Trainer:
             raise ValueError(f"block_size ({tc.block_size}) must be below the {len(data) - n} "
                              f"tokens held out, the last 10% of the data: lower it, or give more")
         vocab_size = (model.config if model else tokenizer or tc).vocab_size
-        if data.min() < 0 or data.max() >= vocab_size:
-            raise ValueError(f"token ids must be in [0, {vocab_size}), the vocabulary; these go "
-                             f"from {int(data.min())} to {int(data.max())}")
+        # Ids of a float type would be rounded without a word, and NaN passes any comparison.
+        if as_tensor(data[:1]).is_floating_point() or data.min() < 0 or data.max() >= vocab_size:
+            raise ValueError(f"token ids must be integers in [0, {vocab_size}), the vocabulary; "
+                             f"these go from {data.min().item()} to {data.max().item()}")
         self.splits = {"train": data[:n], "val": data[n:]}
         # The initial weights, then dropout.
         torch.manual_seed(tc.seed)

@@ -418,6 +418,12 @@ def set_up(tc, data, log, resume, given, init_from, rank):
         raise ValueError(f"{path} was trained on token ids of a tokenizer it only names "
                          f"({ckpt.get('tokenizer')}): resume it on the same ids, --data FILE.bin")
     data, tokenizer = cli.read_data(data, chars, tokenizer)
+    # A text's vocabulary is its tokenizer's: a --vocab_size given then is named as ignored, as the
+    # model options are on --resume.
+    vocab_size = given.get("vocab_size")
+    if model is None and tokenizer is not None and vocab_size not in (None, tokenizer.vocab_size):
+        log(f"--vocab_size {vocab_size} is ignored: a text's vocabulary is its tokenizer's "
+            f"({tokenizer.vocab_size} tokens)")
     if model is None and tokenizer is None and "vocab_size" not in given:
         tc = dataclasses.replace(tc, vocab_size=int(data.max()) + 1)
     check_block_size(tc, data)
