@@ -39,7 +39,7 @@ def parse_args(argv=None):
                         help="samples to draw (default: %(default)s)")
     parser.add_argument("--max_new_tokens", type=AT_LEAST_1, default=500,
                         help="tokens per sample: characters, for a character model (default: %(default)s)")
-    parser.add_argument("--temperature", type=cli.number(float, lambda t: 0 <= t < math.inf, "a number >= 0"),
+    parser.add_argument("--temperature", type=cli.number(float, lambda t: 0 <= t < math.inf, "a finite number >= 0"),
                         default=0.8,
                         help="below 1 is safer, above 1 wilder, 0 always takes the likeliest (default: %(default)s)")
     parser.add_argument("--top_k", type=AT_LEAST_1, default=None,
