@@ -14,6 +14,7 @@ import re
 import stat
 import struct
 import sys
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,16 @@ def usable_device(name=""):
     except (RuntimeError, AssertionError):
         pass
     raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps")
+
+
+# The range [low, high) of each number of TrainConfig: NaN fails both comparisons, and inf the
+# second. train.py's command line refuses any other value before a config is built, and a
+# checkpoint's recorded options are held to the same.
+LIMITS = {**dict.fromkeys(["vocab_size", "block_size", "n_layer", "n_head", "n_embd", "max_iters",
+                           "eval_interval", "eval_iters", "batch_size", "grad_accum"], (1, 2 ** 53)),
+          **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"],
+                          (0, math.inf)),
+          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32)}
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -234,20 +245,50 @@ def is_ids(data):
 MAX_ITER = 2 ** 53
 
 
-def check_resumable(ckpt, trainer, path):
-    """What a checkpoint brings to resume, checked against the model before AdamW ever steps on it:
-    a moment of the wrong shape makes the fused AdamW write out of bounds."""
+def finite(value, low=-math.inf):
+    """Whether value is a number (an int or a float, not a bool) from low up, and not NaN or inf."""
+    return type(value) in (int, float) and low <= value < math.inf
+
+
+def recorded_options(ckpt, path, advice):
+    """The TrainConfig options a checkpoint recorded, but out_dir and device (those are the new
+    run's), each held to the rule of its flag: a value no run could have recorded is refused in one
+    line that ends with advice."""
+    recorded = ckpt.get("train_config", {})
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path} records its options as {type(recorded).__name__}, not a dict: "
+                         f"it is damaged or hand-made; {advice}")
+    types = {f.name: f.type for f in dataclasses.fields(gpt.TrainConfig)}
+    options = {}
+    for name, value in recorded.items():
+        if name not in types or name in ("out_dir", "device"):
+            continue
+        # A float option may have been recorded as a whole number.
+        if types[name] is float and type(value) is int:
+            value = float(value)
+        low, high = LIMITS.get(name, (None, None))
+        in_range = low is None or (type(value) is not str and low <= value < high)
+        if type(value) is not types[name] or not in_range:
+            raise ValueError(f"{path} records {name} = {value!r}, which no run could have: it is "
+                             f"damaged or hand-made; {advice}")
+        options[name] = value
+    return options
+
+
+def check_resumable(ckpt, trainer, path, advice="train without --resume"):
+    """What a checkpoint brings to resume (or to rebuild its report), checked against the model
+    before AdamW ever steps on it: a moment of the wrong shape makes the fused AdamW write out of
+    bounds. A message that refuses it ends with advice."""
     missing = [key for key in ("optimizer", "iter", "elapsed", "rng", "history") if key not in ckpt]
     if missing:
-        raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; train "
-                         f"without --resume")
+        raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; "
+                         f"{advice}")
     wrong = f"{path} holds a training state that does not fit its model"
     iteration = ckpt["iter"]
-    if not (isinstance(iteration, int) and 0 <= iteration < MAX_ITER):
-        raise ValueError(f"{wrong}: iteration {iteration!r}; train without --resume")
-    elapsed = ckpt["elapsed"]
-    if isinstance(elapsed, bool) or not (isinstance(elapsed, (int, float)) and 0 <= elapsed < math.inf):
-        raise ValueError(f"{wrong}: {ckpt['elapsed']!r} seconds of training; train without --resume")
+    if not (type(iteration) is int and 0 <= iteration < MAX_ITER):
+        raise ValueError(f"{wrong}: iteration {iteration!r}; {advice}")
+    if not finite(ckpt["elapsed"], 0):
+        raise ValueError(f"{wrong}: {ckpt['elapsed']!r} seconds of training; {advice}")
     params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
     try:
         saved = ckpt["optimizer"]["state"]
@@ -257,12 +298,15 @@ def check_resumable(ckpt, trainer, path):
             sorted(saved[i]) == ["exp_avg", "exp_avg_sq", "step"]
             and saved[i]["step"].shape == () and saved[i]["exp_avg"].shape == params[i].shape
             and saved[i]["exp_avg_sq"].shape == params[i].shape for i in saved)
-        fits = fits and all(isinstance(h, dict) and {"iter", "seconds", "lr", "train", "val"} <= h.keys()
-                            for h in ckpt["history"])
+        # Each evaluation: its step, its clock and learning rate, and its finite losses, which the
+        # report draws.
+        fits = fits and all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER
+                            and finite(h["seconds"], 0) and finite(h["lr"], 0)
+                            and finite(h["train"]) and finite(h["val"]) for h in ckpt["history"])
     except (KeyError, TypeError, AttributeError, IndexError):
         fits = False
     if not fits:
-        raise ValueError(f"{wrong}: AdamW's moments or the evaluations; train without --resume")
+        raise ValueError(f"{wrong}: AdamW's moments or the evaluations; {advice}")
 
 
 # ---------------------------------------------------------------------------------------------- GPT-2

@@ -99,14 +99,20 @@ def print_samples(model, tokenizer, start, args, device):
 
 def write_report(model, tokenizer, ckpt, path, args, device):
     """Rebuilds the report of the run that wrote the checkpoint at path, on --data's held-out part."""
-    known = {f.name for f in dataclasses.fields(gpt.TrainConfig)}
-    options = {k: v for k, v in ckpt.get("train_config", {}).items() if k in known}
-    tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
+    advice = "it can still sample, without --report"
+    options = cli.recorded_options(ckpt, path, advice)
+    # The model's own options are its config's; the run's context may have been the model's or
+    # shorter.
+    config = model.config
+    model_options = {f.name: getattr(config, f.name) for f in dataclasses.fields(gpt.GPTConfig)}
+    block_size = min(options.get("block_size", config.block_size), config.block_size)
+    tc = gpt.TrainConfig(**{**options, **model_options, "block_size": block_size, "out_dir": "",
+                            "device": str(device)})
     chars = getattr(tokenizer, "chars", None)
     data, tokenizer = cli.read_data(cli.DataFile(args.data, args.dtype), chars,
                                     None if chars else tokenizer)
     trainer = gpt.Trainer(tc, data, tokenizer, model.train(), log=lambda *a: None)
-    cli.check_resumable(ckpt, trainer, path)
+    cli.check_resumable(ckpt, trainer, path, advice)
     trainer.load_state_dict(ckpt)
     if not trainer.history:
         raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")

@@ -758,6 +758,12 @@ def set_in(keys, value):
     (set_in(["elapsed"], -1.0), "-1.0 seconds of training"),
     (set_in(["elapsed"], "5"), "'5' seconds of training"),
     (set_in(["history"], [{"iter": 2}]), "the evaluations"),
+    (set_in(["history", 0, "val"], float("nan")), "the evaluations"),  # which the report draws
+    (set_in(["history", 0, "train"], float("inf")), "the evaluations"),
+    (set_in(["history", 0, "lr"], "x"), "the evaluations"),
+    (set_in(["history", 0, "seconds"], -1.0), "the evaluations"),
+    (set_in(["history", 0, "iter"], True), "the evaluations"),
+    (set_in(["history"], 5), "the evaluations"),
     (set_in(["rng", "torch"], torch.zeros(3, dtype=torch.uint8)), "does not fit its model (RuntimeError)"),
 ])
 def test_a_damaged_training_state_is_refused_before_adamw_steps_on_it(tmp_path, capsys, trained_dir, change, match):
@@ -765,6 +771,27 @@ def test_a_damaged_training_state_is_refused_before_adamw_steps_on_it(tmp_path, 
     message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
     assert "holds a training state that does not fit its model" in message and match in message, message
     assert "train without --resume" in message
+
+
+@pytest.mark.parametrize("name, value", [("eval_iters", float("nan")), ("eval_iters", 0), ("grad_clip", "1"),
+                                         ("learning_rate", float("inf")), ("bias", 1), ("seed", -1)])
+def test_a_recorded_option_no_run_could_have_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir,
+                                                                                     name, value):
+    hand_made(trained_dir, tmp_path / "out", set_in(["train_config", name], value))
+    says = f"ckpt.pt records {name} = {value!r}, which no run could have: it is damaged or hand-made; "
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
+    assert says + "train without --resume" in message, message
+    message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
+                             "--data", str(tmp_path / "data.txt"))
+    assert says + "it can still sample, without --report" in message, message
+
+
+def test_the_report_of_a_checkpoint_without_its_options_takes_the_models(tmp_path, capsys, trained_dir):
+    hand_made(trained_dir, tmp_path / "out", lambda ckpt: ckpt.pop("train_config"))
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt")])
+    assert "wrote" in capsys.readouterr().out  # not the defaults' block_size of 128 against the model's 16
+    assert report_page(tmp_path / "out").count('<svg class="attention"') == 2
 
 
 def test_resume_trains_with_the_recorded_options_and_those_given(tmp_path):
@@ -798,26 +825,28 @@ def test_ctrl_c_while_torch_is_still_importing_ends_quietly(tmp_path):
         assert done.returncode == 130 and done.stderr == "", (script, done.stderr)
 
 
-def ddp_worker(rank, world, port, target, args, result_dir):
+def ddp_worker(rank, world, port, args, result_dir):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    if target == "main":  # train.py's command line, each process with its own, and its stderr in a file
-        with open(os.path.join(result_dir, f"err{rank}.txt"), "w") as err:
-            os.dup2(err.fileno(), 2)
-            sys.stderr = err
-            try:
-                train.main(args[rank])
-            except SystemExit as e:  # as the interpreter ends: a message goes to stderr, with status 1
-                if isinstance(e.code, str):
-                    print(e.code, file=sys.stderr, flush=True)
-                with open(os.path.join(result_dir, f"exit{rank}.txt"), "w") as f:
-                    f.write("1" if isinstance(e.code, str) else str(e.code))
-        return
     tc, given = args
     trainer, _ = train.run(tc, TEXT, quiet, resume=True, given=given)
     torch.save({"model": trainer.model.state_dict(), "history": trainer.history},
                os.path.join(result_dir, f"rank{rank}.pt"))
+
+
+def run_ddp_command_lines(args):
+    """Runs train.py once per process as torchrun would, with the environment torchrun sets, each
+    process with its own command line; returns each one's (exit status, stderr)."""
+    port = free_port()
+    processes = []
+    for rank, argv in enumerate(args):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(len(args)),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        processes.append(subprocess.Popen([sys.executable, "train.py", *argv], cwd=HERE, env=env, text=True,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    errors = [p.communicate(timeout=HANG)[1] for p in processes]
+    return [(p.returncode, err) for p, err in zip(processes, errors)]
 
 
 def free_port():
@@ -831,7 +860,7 @@ def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(
                            learning_rate=6e-3)
     train.run(tc, TEXT, quiet)  # a single-process checkpoint at iteration 10 ...
     given = dict(max_iters=40, eval_interval=15, grad_accum=2)  # ... resumed by two processes, to 40
-    torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), "run", (tc, given), str(tmp_path)), nprocs=2)
+    torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), (tc, given), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for name, p in ranks[0]["model"].items():
         assert torch.equal(p, ranks[1]["model"][name]), name
@@ -887,10 +916,9 @@ def test_a_fault_in_one_ddp_process_reaches_the_user_in_one_line_from_the_proces
     if fault == "new characters":
         other.write_text(TEXT + "#", encoding="utf-8")
     args = [flags, [*flags, "--data", str(other)]]  # the second process's --data is not the first's
-    torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), "main", args, str(tmp_path)), nprocs=2)
-    errors = [(tmp_path / f"err{r}.txt").read_text() for r in range(2)]
-    assert re.fullmatch(says + "\n", errors[who]) and errors[1 - who] == "", errors
-    assert [(tmp_path / f"exit{r}.txt").read_text() for r in range(2)] == ["1", "1"]
+    ended = run_ddp_command_lines(args)
+    assert re.fullmatch(says + "\n", ended[who][1]) and ended[1 - who][1] == "", ended
+    assert [code for code, _ in ended] == [1, 1], ended  # not a signal: each ended as it said
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 
 
@@ -909,7 +937,7 @@ def test_train_help_lists_every_option_with_its_default(capsys):
         in " ".join(help_text.split())  # a comment of two lines in gpt.py, whole
 
 
-@pytest.mark.parametrize("name", [name for name in train.LIMITS])
+@pytest.mark.parametrize("name", [name for name in cli.LIMITS])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1e9"])
 def test_every_number_of_train_config_refuses_nan_inf_and_out_of_range_on_the_command_line(capsys, name, value):
     message = one_line_error(capsys, train, f"--{name}", value)
@@ -946,7 +974,7 @@ def test_output_to_a_full_disk_is_one_line(trained_dir):
         assert "No space left on device" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
-NUMBERS = [name for name in train.LIMITS if name != "vocab_size"]
+NUMBERS = [name for name in cli.LIMITS if name != "vocab_size"]
 
 
 @pytest.mark.parametrize("flags, match", [

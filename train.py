@@ -45,13 +45,6 @@ STOPS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGU
 # The model's options: --resume and --init_from keep the model's own and name those given that
 # differ. block_size is the training's context too, which may be shorter than the model's.
 MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "block_size"]
-# The range [low, high) of each number of TrainConfig: NaN fails both comparisons, and inf the
-# second. The command line refuses any other value before a config is built.
-LIMITS = {**dict.fromkeys(["vocab_size", "block_size", "n_layer", "n_head", "n_embd", "max_iters",
-                           "eval_interval", "eval_iters", "batch_size", "grad_accum"], (1, 2 ** 53)),
-          **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"],
-                          (0, math.inf)),
-          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32)}
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -101,8 +94,8 @@ def parse_args(argv=None):
         text = f"{helps[field.name]} (default: {shown})".replace("%", "%%")
         if field.type is bool:
             kind = flag
-        elif field.name in LIMITS:
-            low, high = LIMITS[field.name]
+        elif field.name in cli.LIMITS:
+            low, high = cli.LIMITS[field.name]
             kind = dict(type=cli.number(field.type, lambda v, low=low, high=high: low <= v < high,
                                         f"in [{low}, {high})"))
         else:
@@ -179,9 +172,8 @@ def resumed_config(tc, ckpt, given, log):
     """The options a resumed run trains with: those the checkpoint recorded, then those given
     (recorded in the next checkpoint, as they run); the model's own options stay, and those given
     that differ are named as ignored."""
-    recorded = {k: v for k, v in ckpt.get("train_config", {}).items() if k not in ("out_dir", "device")}
-    known = {f.name for f in dataclasses.fields(gpt.TrainConfig)}
-    kept = {k: v for k, v in recorded.items() if k in known and k not in given}
+    recorded = cli.recorded_options(ckpt, os.path.join(tc.out_dir, "ckpt.pt"), "train without --resume")
+    kept = {k: v for k, v in recorded.items() if k not in given}
     tc = dataclasses.replace(tc, **kept, **given)
     return keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
 
@@ -565,8 +557,10 @@ def main(argv=None):
     args, given = parse_args(argv)
     cli.printable_stdout()
     rank = 0
+    world = 1
+    code = 0
     try:
-        rank, _, _ = distributed()
+        rank, _, world = distributed()
         device_type = cli.usable_device(given.get("device", "")).type
         defaults = CUDA_DEFAULTS if device_type == "cuda" else {}
         if args.init_from:
@@ -575,19 +569,36 @@ def main(argv=None):
         data = cli.DataFile(args.data, args.dtype)
         _, stopped = run(tc, data, cli.printer, args.resume, args.log_interval, args.compile, given,
                          args.init_from)
+        code = 128 + stopped if stopped else 0
     # Before the training loop, or a second signal in it: nothing more to save.
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
     except Failed as e:
-        if e.shown:
-            cli.fail(e)
-        sys.exit(1)
+        code = f"error: {e}" if e.shown else 1
     except (ValueError, OSError, RuntimeError, MemoryError) as e:
         # Outside DDP's agreement (a fault in the middle of training), each process says its own.
         where = "" if rank == 0 else f" (process {rank})"
-        cli.fail(cli.one_line(e) + where)
-    if stopped:
-        sys.exit(128 + stopped)
+        code = f"error: {cli.one_line(e)}{where}"
+    end(code, world)
+
+
+def end(code, world):
+    """Ends the process with code (a status, or a message for stderr and status 1), or returns for
+    a single process that ran to its end. A process of a DDP run, its work done and its process
+    group left, ends at once: Gloo's threads, torn down with the interpreter, aborted it now and
+    then (SIGABRT) after a fault all processes had agreed on."""
+    if world == 1:
+        if isinstance(code, str):
+            cli.silence_stdout()
+        if code:
+            sys.exit(code)
+        return
+    cli.silence_stdout()
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
