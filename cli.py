@@ -7,6 +7,7 @@ gpt.py keeps only the checks that guard the model itself.
 """
 import argparse
 import codecs
+import dataclasses
 import json
 import math
 import os
@@ -14,7 +15,6 @@ import re
 import stat
 import struct
 import sys
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,6 +245,11 @@ def is_ids(data):
 MAX_ITER = 2 ** 53
 
 
+# The model's options: --resume and --init_from keep the model's own and name those given that
+# differ. block_size is the training's context too, which may be shorter than the model's.
+MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "block_size"]
+
+
 def finite(value, low=-math.inf):
     """Whether value is a number (an int or a float, not a bool) from low up, and not NaN or inf."""
     return type(value) in (int, float) and low <= value < math.inf
@@ -273,6 +278,21 @@ def recorded_options(ckpt, path, advice):
                              f"damaged or hand-made; {advice}")
         options[name] = value
     return options
+
+
+def keep_model_options(tc, config, given, why, log):
+    """tc with the model options of config, naming those given that differ as ignored; the
+    training's block_size may be the model's or shorter."""
+    ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
+               if name in given and given[name] != getattr(config, name)]
+    if ignored:
+        log(f"{why} keeps the model's options, so these are ignored: {', '.join(ignored)}")
+    block_size = min(tc.block_size, config.block_size) if "block_size" not in given else tc.block_size
+    if block_size > config.block_size:
+        raise ValueError(f"--block_size {block_size} is beyond the model's context of "
+                         f"{config.block_size}: give at most that")
+    options = {name: getattr(config, name) for name in MODEL_OPTIONS}
+    return dataclasses.replace(tc, **options, block_size=block_size)
 
 
 def check_resumable(ckpt, trainer, path, advice="train without --resume"):

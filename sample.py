@@ -7,7 +7,6 @@ See --help for every option.
 import sys
 
 try:
-    import dataclasses
     import itertools
     import math
     import os
@@ -101,13 +100,9 @@ def write_report(model, tokenizer, ckpt, path, args, device):
     """Rebuilds the report of the run that wrote the checkpoint at path, on --data's held-out part."""
     advice = "it can still sample, without --report"
     options = cli.recorded_options(ckpt, path, advice)
-    # The model's own options are its config's; the run's context may have been the model's or
-    # shorter.
-    config = model.config
-    model_options = {f.name: getattr(config, f.name) for f in dataclasses.fields(gpt.GPTConfig)}
-    block_size = min(options.get("block_size", config.block_size), config.block_size)
-    tc = gpt.TrainConfig(**{**options, **model_options, "block_size": block_size, "out_dir": "",
-                            "device": str(device)})
+    tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
+    # The model's own options, and a context no longer than its own.
+    tc = cli.keep_model_options(tc, model.config, {}, "--report", print)
     chars = getattr(tokenizer, "chars", None)
     data, tokenizer = cli.read_data(cli.DataFile(args.data, args.dtype), chars,
                                     None if chars else tokenizer)

@@ -42,9 +42,6 @@ INIT_FROM_DEFAULTS = dict(learning_rate=3e-5, min_lr=3e-5, warmup_iters=0, weigh
 # number, as a shell reports such an end.
 STOPS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2",
                                             "SIGXCPU") if hasattr(signal, name)]
-# The model's options: --resume and --init_from keep the model's own and name those given that
-# differ. block_size is the training's context too, which may be shorter than the model's.
-MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "block_size"]
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -175,22 +172,7 @@ def resumed_config(tc, ckpt, given, log):
     recorded = cli.recorded_options(ckpt, os.path.join(tc.out_dir, "ckpt.pt"), "train without --resume")
     kept = {k: v for k, v in recorded.items() if k not in given}
     tc = dataclasses.replace(tc, **kept, **given)
-    return keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
-
-
-def keep_model_options(tc, config, given, why, log):
-    """tc with the model options of config, naming those given that differ as ignored; the
-    training's block_size may be the model's or shorter."""
-    ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
-               if name in given and given[name] != getattr(config, name)]
-    if ignored:
-        log(f"{why} keeps the model's options, so these are ignored: {', '.join(ignored)}")
-    block_size = min(tc.block_size, config.block_size) if "block_size" not in given else tc.block_size
-    if block_size > config.block_size:
-        raise ValueError(f"--block_size {block_size} is beyond the model's context of "
-                         f"{config.block_size}: give at most that")
-    options = {name: getattr(config, name) for name in MODEL_OPTIONS}
-    return dataclasses.replace(tc, **options, block_size=block_size)
+    return cli.keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
 
 
 # ---------------------------------------------------------------------------------------------- DDP
@@ -403,7 +385,7 @@ def set_up(tc, data, log, resume, given, init_from, rank):
             tokenizer = cli.tokenizer_of(ckpt, None)
     elif init_from:
         model = cli.load_gpt2(init_from, tc.device)
-        tc = keep_model_options(tc, model.config, given, "--init_from", log)
+        tc = cli.keep_model_options(tc, model.config, given, "--init_from", log)
         tokenizer = cli.GPT2Tokenizer(cli.gpt2_folder(init_from))
     check_schedule(tc)
     if resume and chars is None and tokenizer is None and not cli.is_ids(data):
