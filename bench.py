@@ -29,6 +29,7 @@ import torch
 
 import cli
 import gpt
+import gpt2
 import gpt_numpy
 import train
 
@@ -102,7 +103,7 @@ def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
     """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and the fused AdamW groups."""
     torch.manual_seed(0)
     model = gpt.GPT(config).to(device)
-    optimizer = gpt.configure_optimizer(model, tc.learning_rate, tc.weight_decay, tc.beta2, device.type)
+    optimizer = gpt.configure_optimizer(model, tc, device.type)
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
     return lambda: gpt.train_step(stepped, optimizer, [next(data)], tc.grad_clip, amp)
 
@@ -268,13 +269,13 @@ def profile_steps(device, steps=20, rows=8):
 
 def weight_reads(device, rounds=7):
     """GB/s at which the one-row matmuls of a cached decode step read the 6x384 model's weights, the same with the
-    weights laid out (in, out) in memory as from_gpt2 keeps GPT-2's, and a sum over the same tensors: how near the
-    step's matmuls come to the speed of this machine's memory."""
+    weights laid out (in, out) in memory as gpt2.from_state_dict keeps GPT-2's, and a sum over the same tensors: how
+    near the step's matmuls come to the speed of this machine's memory."""
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device)
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     rows = {n: torch.randn(1, n, device=device) for n in {w.size(1) for w in weights}}  # one token's input
-    # The same shapes, (out, in), laid out (in, out) in memory, as gpt.GPT.from_gpt2 keeps GPT-2's.
+    # The same shapes, (out, in), laid out (in, out) in memory, as gpt2.from_state_dict keeps GPT-2's.
     transposed = [w.t().contiguous().t() for w in weights]
 
     def matmuls():
@@ -346,7 +347,7 @@ def bench_encoding(megabytes=100, source="input.txt"):
 
 
 def versus_transformers(rounds=3, prompt_tokens=16, new_tokens=32):
-    """Greedy sampling at GPT-2 small's shape (random weights, float32, CPU): gpt.GPT.from_gpt2 of
+    """Greedy sampling at GPT-2 small's shape (random weights, float32, CPU): gpt2.from_state_dict of
     transformers' own GPT2LMHeadModel, the same weights copied into nn.Linear's own order in memory,
     and that model's generate with its KV cache, in tokens per second, interleaved; and whether all
     drew the same tokens."""
@@ -358,7 +359,7 @@ def versus_transformers(rounds=3, prompt_tokens=16, new_tokens=32):
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
-    ours = gpt.GPT.from_gpt2(theirs.state_dict()).eval()
+    ours = gpt2.from_state_dict(theirs.state_dict()).eval()
     # The same weights copied into nn.Linear's own (out, in) order in memory, as load_state_dict copies them.
     copied = gpt.GPT(ours.config).eval()
     copied.load_state_dict(ours.state_dict())
@@ -431,7 +432,7 @@ def main():
         theirs = g["tokens_per_s"]["transformers"]
         copied = g["tokens_per_s"]["copied"]
         print(f"greedy sampling of {g['new_tokens']} tokens at GPT-2 small's shape (random weights, "
-              f"float32, CPU), interleaved, medians: gpt.GPT.from_gpt2 {ours:.1f} tok/s, transformers "
+              f"float32, CPU), interleaved, medians: gpt2.from_state_dict {ours:.1f} tok/s, transformers "
               f"{g['transformers']} generate with its cache {theirs:.1f} tok/s, {ours / theirs:.2f}x; "
               f"the same tokens: {g['same_tokens']}")
         print(f"the same weights copied into nn.Linear's (out, in) order in memory: {copied:.1f} tok/s, "

@@ -1,6 +1,6 @@
 """What the command lines (train.py, sample.py, bench.py) share: argparse with one-line errors, checked
-numbers and devices, reading texts and token ids, loading checkpoints and GPT-2's weights with errors
-of one line, and the output's edge cases.
+numbers and devices, reading texts and token ids, loading and resuming checkpoints with errors of one
+line, and the output's edge cases.
 
 Bad input is refused here, where it arrives, in one line that says what is wrong and what to do;
 gpt.py keeps only the checks that guard the model itself.
@@ -8,12 +8,10 @@ gpt.py keeps only the checks that guard the model itself.
 import argparse
 import codecs
 import dataclasses
-import json
 import math
 import os
 import re
 import stat
-import struct
 import sys
 from dataclasses import dataclass
 
@@ -65,14 +63,20 @@ def usable_device(name=""):
     raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps")
 
 
+# The largest vocabulary a run may build: GPT-2's 50,257 tokens and Llama 3's 128,256 with room to
+# spare; an id of 2**32 - 1 would otherwise ask for an embedding of billions of rows.
+MAX_VOCAB = 1 << 20
+
+
 # The range [low, high) of each number of TrainConfig: NaN fails both comparisons, and inf the
 # second. train.py's command line refuses any other value before a config is built, and a
 # checkpoint's recorded options are held to the same.
-LIMITS = {**dict.fromkeys(["vocab_size", "block_size", "n_layer", "n_head", "n_embd", "max_iters",
+LIMITS = {**dict.fromkeys(["block_size", "n_layer", "n_head", "n_embd", "max_iters",
                            "eval_interval", "eval_iters", "batch_size", "grad_accum"], (1, 2 ** 53)),
           **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"],
                           (0, math.inf)),
-          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32)}
+          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32),
+          "vocab_size": (1, MAX_VOCAB + 1)}
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -234,6 +238,25 @@ def read_data(data, chars=None, tokenizer=None):
     return data, gpt.CharTokenizer(chars or data)
 
 
+def implied_vocab_size(ids):
+    """The vocabulary token ids imply, their largest + 1, refused in one line beyond MAX_VOCAB."""
+    largest = int(ids.max())
+    if largest >= MAX_VOCAB:
+        raise ValueError(f"the largest token id, {largest:,}, implies a vocabulary of {largest + 1:,}, "
+                         f"beyond the {MAX_VOCAB:,} a run may build: check --dtype, or the file")
+    return largest + 1
+
+
+def check_ids(ids, vocab_size):
+    """Token ids, refused in one line unless each is in [0, vocab_size): an id beyond the model's
+    embedding would end training in an IndexError (on a GPU, a device-side assert)."""
+    low = int(ids.min())
+    high = int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"token ids must be in [0, {vocab_size}), the vocabulary; these go from {low:,} "
+                         f"to {high:,}: give --vocab_size above the largest, or the right --dtype")
+
+
 def is_ids(data):
     """Whether data is token ids, not a text: a .bin file, or an array or tensor of them."""
     if isinstance(data, DataFile):
@@ -295,6 +318,19 @@ def keep_model_options(tc, config, given, why, log):
     return dataclasses.replace(tc, **options, block_size=block_size)
 
 
+def restore(trainer, ckpt):
+    """Puts trainer where the checkpoint's run stood: the optimizer's moments come back, its
+    hyperparameters (weight decay, betas) stay this run's, as trainer.tc sets them; then the step,
+    the clock, the evaluations and the random states."""
+    own = trainer.optimizer.state_dict()["param_groups"]
+    trainer.optimizer.load_state_dict({"state": ckpt["optimizer"]["state"], "param_groups": own})
+    trainer.it = ckpt["iter"]
+    trainer.elapsed = ckpt["elapsed"]
+    trainer.history = ckpt["history"]
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    trainer.generator.set_state(ckpt["rng"]["batches"])
+
+
 def check_resumable(ckpt, trainer, path, advice="train without --resume"):
     """What a checkpoint brings to resume (or to rebuild its report), checked against the model
     before AdamW ever steps on it: a moment of the wrong shape makes the fused AdamW write out of
@@ -327,158 +363,6 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
         fits = False
     if not fits:
         raise ValueError(f"{wrong}: AdamW's moments or the evaluations; {advice}")
-
-
-# ---------------------------------------------------------------------------------------------- GPT-2
-# GPT-2's four sizes, as the Hugging Face hub names them.
-GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-# The tensor types of a .safetensors file, by the names its header gives them.
-SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-                      "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
-                      "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
-
-
-def read_safetensors(path):
-    """The tensors of a .safetensors file, read with torch alone. The format: 8 bytes, the header's
-    length as a little-endian integer; the header, JSON, {name: {"dtype", "shape", "data_offsets":
-    [begin, end]}} with offsets counted from the header's end; then the tensors' bytes."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        (header_size,) = struct.unpack("<Q", f.read(8).ljust(8, b"\xff"))
-        if header_size > size - 8:
-            raise ValueError(f"{path} is cut short, or not a .safetensors file: its header would end "
-                             f"past its {size} bytes")
-        header = json.loads(f.read(header_size))
-        header.pop("__metadata__", None)
-        tensors = {}
-        for name, entry in header.items():
-            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-            begin, end = entry["data_offsets"]
-            nbytes = math.prod(entry["shape"]) * dtype.itemsize
-            if end - begin != nbytes or 8 + header_size + end > size:
-                raise ValueError(f"{path} is cut short or damaged: tensor {name} does not fit in it")
-            f.seek(8 + header_size + begin)
-            tensors[name] = torch.empty(entry["shape"], dtype=dtype)
-            # torch.frombuffer needs a writable buffer, and one byte at least.
-            if nbytes:
-                data = bytearray(f.read(nbytes))
-                tensors[name] = torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
-    return tensors
-
-
-def gpt2_folder(source):
-    """The folder of GPT-2's files for --init_from: source itself, or one of GPT2_SIZES fetched
-    through huggingface_hub when it is installed (into its cache, once)."""
-    if os.path.isdir(source):
-        return source
-    if source not in GPT2_SIZES:
-        raise ValueError(f"--init_from {source}: no such folder, and not one of {', '.join(GPT2_SIZES)}")
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise ValueError(f"--init_from {source} downloads GPT-2 with huggingface_hub, which is not "
-                         f"installed: pip install huggingface_hub, or pass the folder of a "
-                         f"download (huggingface-cli download {source})") from None
-    patterns = ["config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json"]
-    try:
-        return huggingface_hub.snapshot_download(f"openai-community/{source}", allow_patterns=patterns)
-    except Exception as e:
-        raise ValueError(f"could not download {source} ({type(e).__name__}: {str(e).strip()[:200]}); "
-                         f"pass --init_from the folder of a download instead") from None
-
-
-def load_gpt2(source, device=""):
-    """GPT-2's weights in a gpt.GPT, on device, from source: a folder as transformers'
-    save_pretrained or huggingface-cli download leaves it (config.json with model.safetensors or
-    pytorch_model.bin), or a name of GPT2_SIZES. Everything amiss is one line."""
-    device = usable_device(str(device))
-    folder = gpt2_folder(source)
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-        safetensors = os.path.join(folder, "model.safetensors")
-        if os.path.isfile(safetensors):
-            weights = read_safetensors(safetensors)
-        else:
-            weights = torch.load(os.path.join(folder, "pytorch_model.bin"), map_location="cpu",
-                                 weights_only=True)
-        if config.get("model_type") != "gpt2":
-            raise ValueError(f"its config.json is of a {config.get('model_type')!r} model, not gpt2")
-        model = gpt.GPT.from_gpt2(weights, n_head=config["n_head"])
-        # The tensors set the model; config.json must tell the same story.
-        said = {"n_layer": config["n_layer"], "n_embd": config["n_embd"],
-                "block_size": config["n_positions"], "vocab_size": config["vocab_size"]}
-        differ = [f"{name} {value} (the tensors' {getattr(model.config, name)})"
-                  for name, value in said.items() if value != getattr(model.config, name)]
-        if differ:
-            raise ValueError(f"its config.json disagrees with its weights: {', '.join(differ)}")
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"{folder} holds no GPT-2 this can load ({type(e).__name__}: {first}): pass "
-                         f"--init_from a folder with config.json and model.safetensors") from None
-    return model.to(device).eval()
-
-
-class GPT2Tokenizer:
-    """GPT-2's byte-level BPE, from tiktoken or from transformers, whichever is installed; neither is
-    a requirement of this project. It loads one on its first use, so that a run on ids already
-    made needs neither. name is what a checkpoint records of it."""
-    name = "gpt2"
-    vocab_size = 50257
-
-    def __init__(self, folder=None):
-        self.folder = folder
-        self.loaded = None
-
-    def encode(self, text):
-        return self.backend()[0](text)
-
-    def decode(self, ids):
-        return self.backend()[1](ids)
-
-    def backend(self):
-        """(encode, decode) of the library found, loaded once; one line if there is none."""
-        if self.loaded is None:
-            self.loaded = load_gpt2_tokenizer(self.folder)
-        return self.loaded
-
-
-def load_gpt2_tokenizer(folder=None):
-    """(encode, decode) of GPT-2's tokenizer: tiktoken's, else transformers' (from folder when it
-    holds the tokenizer's files, else from the hub)."""
-    try:
-        import tiktoken
-    except ImportError:
-        tiktoken = None
-    if tiktoken is not None:
-        try:
-            encoding = tiktoken.get_encoding("gpt2")
-        except Exception as e:
-            raise ValueError(f"tiktoken could not load GPT-2's tokenizer ({type(e).__name__}: "
-                             f"{str(e).strip()[:200]})") from None
-        return encoding.encode_ordinary, encoding.decode
-    try:
-        from transformers import GPT2TokenizerFast
-    except ImportError:
-        raise ValueError("GPT-2's tokens need tiktoken or transformers, and neither is installed: "
-                         "pip install tiktoken") from None
-    has_files = folder and os.path.isfile(os.path.join(folder, "vocab.json"))
-    try:
-        tokenizer = GPT2TokenizerFast.from_pretrained(folder if has_files else "gpt2")
-    except Exception as e:
-        raise ValueError(f"transformers could not load GPT-2's tokenizer ({type(e).__name__}: "
-                         f"{str(e).strip()[:200]})") from None
-    return tokenizer.encode, tokenizer.decode
-
-
-def tokenizer_of(ckpt, chars_tokenizer, folder=None):
-    """The tokenizer a checkpoint was trained with: its characters', GPT-2's, or None for one it
-    only names (the user keeps theirs)."""
-    if chars_tokenizer is not None:
-        return chars_tokenizer
-    if ckpt.get("tokenizer") == GPT2Tokenizer.name:
-        return GPT2Tokenizer(folder)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- output

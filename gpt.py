@@ -1,8 +1,8 @@
-"""A GPT in one file that needs only PyTorch; importing it does nothing.
+"""A GPT in one file of PyTorch: the tokenizer, the model, sampling, training, checkpoints.
 
-Read it top to bottom: the tokenizer, GPTConfig, the layers (norms, rotary positions, the KV cache,
-attention, the MLP, the block), GPT with its sampling and GPT-2's weights, devices and checkpoints,
-then the training: TrainConfig, AdamW and its schedule, train_step, Trainer and train.
+Read it top to bottom: CharTokenizer, GPTConfig, the layers, GPT with its sampling, devices and
+checkpoints, then the training: TrainConfig, AdamW and its schedule, train_step, Trainer, train.
+It imports only torch and the standard library, and importing it does nothing.
 """
 import math
 import os
@@ -16,10 +16,10 @@ import torch.nn.functional as F
 
 
 class CharTokenizer:
-    """One token per distinct character: no merges to learn, and every text it saw round-trips.
+    """One token per distinct character: nothing to learn, and every text it saw round-trips.
 
-    Any other tokenizer works where this one does if it has encode(str) -> list of ids,
-    decode(ids) -> str and vocab_size: tiktoken's, sentencepiece's, a word list of your own.
+    Any tokenizer with encode(str) -> ids, decode(ids) -> str and vocab_size works where this one
+    does: tiktoken's, sentencepiece's, a word list of your own.
     """
 
     def __init__(self, chars):
@@ -40,8 +40,8 @@ CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": 
 
 @dataclass
 class GPTConfig:
-    """The model. The defaults, a Llama-style block, gave the lowest val loss in 140 s on 2 CPU
-    cores (README). GPT-2's block is norm="layernorm", pos="learned", mlp="gelu", bias=True."""
+    """The model. The default is a Llama-style block; GPT-2's is norm="layernorm",
+    pos="learned", mlp="gelu", bias=True."""
     # Tokens in the vocabulary: the training text's characters, or a tokenizer's vocab_size.
     vocab_size: int = 65
     # The context: the most tokens the model reads at once.
@@ -66,14 +66,15 @@ class GPTConfig:
     mlp: str = "swiglu"
 
     def __post_init__(self):
-        """The model's own invariants. The command lines check every other number before they
-        build a config."""
+        """The model's own invariants; the command lines check every other number."""
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         # Rotary positions turn pairs of channels within each head.
-        pairs = 2 if self.pos == "rope" else 1
-        if self.n_head < 1 or self.n_embd % (pairs * self.n_head):
-            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head "
-                             f"({self.n_head}), and with rope of 2 n_head")
-        # Written so that NaN fails: F.dropout would refuse it only once the model runs.
+        multiple = 2 * self.n_head if self.pos == "rope" else self.n_head
+        if self.n_embd % multiple:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of {multiple}: of n_head "
+                             f"({self.n_head}), twice that with pos='rope'")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
         for name, allowed in CHOICES.items():
@@ -83,28 +84,26 @@ class GPTConfig:
 
 
 def make_norm(config):
-    """RMSNorm (Llama's) or LayerNorm (GPT-2's), both with eps 1e-5 (RMSNorm's own default would
-    follow the dtype)."""
+    """RMSNorm (Llama's) or LayerNorm (GPT-2's), both with eps 1e-5."""
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd, eps=1e-5)
     return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
 def rope_tables(config):
-    """cos and sin of every position's angles, (2, block_size, head size): computed in float64,
-    kept in float32."""
+    """cos and sin of every position's angles, (block_size, head size) each."""
     hs = config.n_embd // config.n_head
     # Channels j and j + hs/2 turn by pos * 10000^(-2j/hs): fast pairs tell near positions apart,
     # slow pairs far ones.
     inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
     positions = torch.arange(config.block_size, dtype=torch.float64)
     angles = torch.outer(positions, inv_freq).repeat(1, 2)  # (block_size, hs)
-    return torch.stack([angles.cos(), angles.sin()]).float()  # (2, block_size, hs)
+    return angles.cos().float(), angles.sin().float()
 
 
 def rope_forward(x, cos, sin):
-    # Turning q and k by angles proportional to their positions makes q.k depend only on their
-    # distance.
+    """Turns each channel pair (x_j, x_j+hs/2) by its angle: a 2-D rotation. Turning q and k by
+    angles proportional to their positions makes q.k depend only on their distance."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -131,7 +130,6 @@ class KVCache:
         # Every layer fills the same positions: the last one moves the cache on.
         if layer_idx == self.config.n_layer - 1:
             self.pos = end
-        # The keys and the values of every position so far.
         return self.kv[layer_idx, :, :, :, :end].unbind(0)  # (B, nh, end, hs) each
 
     def reset(self):
@@ -148,20 +146,14 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
-    def qkv(self, x, rope=None):
-        """Queries, keys and values, (B, nh, T, hs) each; q and k turned by the rotary tables."""
+    def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # (B, T, 3, nh, hs)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        if rope is None:
-            return qkv.unbind(0)
-        # q and k turn together; v does not.
-        q, k = rope_forward(qkv[:2], *rope).unbind(0)
-        return q, k, qkv[2]
-
-    def forward(self, x, rope=None, cache=None):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x, rope)
+        q, k, v = qkv.unbind(0)  # (B, nh, T, hs) each
+        # rope: the (cos, sin) tables of these positions. q and k turn together; v does not turn.
+        if rope is not None:
+            q, k = rope_forward(qkv[:2], *rope).unbind(0)
         # Sampling: the earlier positions' keys and values join this step's.
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
@@ -180,11 +172,14 @@ class MLP(nn.Module):
         super().__init__()
         self.swiglu = config.mlp == "swiglu"
         self.dropout = config.dropout
-        # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units, rounded up to a
-        # multiple of 64, keep its size that of GELU's 4 * n_embd.
-        hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
+        hidden = 4 * config.n_embd
+        if self.swiglu:
+            # Three matrices instead of two: 8/3 * n_embd hidden units, rounded up to a multiple
+            # of 64, keep the size of GELU's 4 * n_embd.
+            hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64)
         # SwiGLU's c_fc computes its gate and its up projection side by side.
-        self.c_fc = nn.Linear(config.n_embd, (1 + self.swiglu) * hidden, bias=config.bias)
+        width = 2 * hidden if self.swiglu else hidden
+        self.c_fc = nn.Linear(config.n_embd, width, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x):
@@ -217,14 +212,15 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        # The names are those of GPT-2's own weights, so that they load as they are: wte, the token
-        # embedding; wpe, the position embedding; h, the blocks.
+        # GPT-2's names: wte, the token embedding; wpe, the position embedding; h, the blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         if config.pos == "learned":
             self.wpe = nn.Embedding(config.block_size, config.n_embd)
         else:
+            cos, sin = rope_tables(config)
             # Not saved in checkpoints: the tables are recomputed from the config.
-            self.register_buffer("rope", rope_tables(config), persistent=False)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
         self.h = nn.ModuleList(Block(config, layer_idx) for layer_idx in range(config.n_layer))
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -241,25 +237,23 @@ class GPT(nn.Module):
                 residual = name.endswith("c_proj.weight")
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
 
-    def embed(self, idx, start=0):
-        """The residual stream's start, (B, T, C), for the ids idx (B, T) at positions start..,
-        and the rotary tables of those positions (None with learned positions)."""
-        T = idx.size(1)
-        x = self.wte(idx)  # (B, T, C)
-        if self.config.pos == "learned":
-            # The same (T, C) rows are added to every sequence.
-            return x + self.wpe.weight[start:start + T], None
-        return x, self.rope[:, start:start + T]  # (2, T, hs): cos, sin
-
     def forward(self, idx, targets=None, cache=None):
+        """The logits (B, T, vocab_size) for the ids idx (B, T), and the loss when targets (B, T)
+        are given, else None."""
         T = idx.size(1)
         # With a cache, these positions come after those it holds.
         start = 0 if cache is None else cache.pos
         # After a cached prompt, one token at a time: see the attention's mask.
         if start + T > self.config.block_size or (start and T > 1):
-            raise ValueError(f"{T} tokens after {start} cached ones: at most block_size in all "
-                             f"({self.config.block_size}), and one at a time after a cached prompt")
-        x, rope = self.embed(idx, start)
+            raise ValueError(f"{T} tokens after {start} cached ones: at most block_size "
+                             f"({self.config.block_size}) in all, and one at a time after a cache")
+        x = self.wte(idx)  # (B, T, C)
+        rope = None
+        if self.config.pos == "learned":
+            # The same (T, C) rows are added to every sequence.
+            x = x + self.wpe.weight[start:start + T]
+        else:
+            rope = (self.cos[start:start + T], self.sin[start:start + T])  # (T, hs) each
         for block in self.h:
             x = block(x, rope, cache)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
@@ -267,121 +261,70 @@ class GPT(nn.Module):
             return logits, None
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    @torch.no_grad()
-    def attention(self, idx):
-        """The attention weights of every layer and head for the ids idx (B, T), in eval mode:
-        (n_layer, B, n_head, T, T), each row a probability distribution over the positions it may
-        see. They are spelled out, softmax(q k^T / sqrt(hs)) under the causal mask, to be looked
-        at; training and sampling run the fused attention, which never forms them."""
-        x, rope = self.embed(idx)
-        T = idx.size(1)
-        # Above the diagonal are the later positions: -inf there becomes weight 0.
-        later = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
-        maps = []
-        for block in self.h:
-            q, k, _ = block.attn.qkv(block.ln_1(x), rope)
-            scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
-            maps.append(scores.masked_fill(later, float("-inf")).softmax(dim=-1))
-            x = block(x, rope)
-        return torch.stack(maps)
-
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None):
-        """The ids idx (B, T) and max_new_tokens sampled after them: (B, T + max_new_tokens)."""
-        tokens = self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator)
-        return torch.cat([idx, *tokens], dim=1)
+    def generate(self, idx, max_new_tokens, **sampling):
+        """The ids idx (B, T) and max_new_tokens sampled after them, (B, T + max_new_tokens);
+        sampling: stream()'s temperature, top_k, top_p and generator."""
+        return torch.cat([idx, *self.stream(idx, max_new_tokens, **sampling)], dim=1)
 
     @torch.inference_mode()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Yields each sampled token (B, 1) as soon as it is drawn: temperature 0 is greedy, top_k
-        and top_p filter, a seeded torch.Generator repeats a sample. The arguments are checked
-        first."""
+        and top_p filter, a seeded torch.Generator repeats a sample."""
         vocab_size = self.config.vocab_size
         if idx.dim() != 2 or not idx.numel() or idx.min() < 0 or idx.max() >= vocab_size:
-            raise ValueError(f"the prompt must be a (batch, tokens) tensor of ids in [0, "
-                             f"{vocab_size}): encode it with the model's tokenizer")
-        # Written so that NaN fails.
+            raise ValueError(f"the prompt must be (batch, tokens) ids in [0, {vocab_size})")
+        # Each comparison is false for NaN, so NaN is refused too.
         if not (max_new_tokens >= 0 and 0 <= temperature < math.inf
                 and (top_k is None or top_k >= 1) and (top_p is None or 0 < top_p <= 1)):
-            raise ValueError(f"sampling takes max_new_tokens >= 0, temperature >= 0 (0: greedy), "
-                             f"top_k >= 1, top_p in (0, 1]: got {max_new_tokens}, {temperature}, "
-                             f"{top_k}, {top_p}")
+            raise ValueError(f"sampling takes max_new_tokens >= 0, temperature >= 0, top_k >= 1, "
+                             f"top_p in (0, 1]: {max_new_tokens}, {temperature}, {top_k}, {top_p}")
         block_size = self.config.block_size
         cache = KVCache(self.config)
-        # What the next forward reads: the prompt's last block_size tokens, then each new one.
-        window = idx[:, -block_size:]
+        # The tokens the model conditions on: the last block_size of the prompt and the samples.
+        context = idx[:, -block_size:]
+        # What the next forward reads: the whole context first, then each new token alone.
+        new = context
         for _ in range(max_new_tokens):
-            # The last position's logits, (B, vocab_size).
-            logits = self(window, cache=cache)[0][:, -1, :].float()
+            logits, _ = self(new, cache=cache)
+            # The last position's logits predict the next token.
+            logits = logits[:, -1, :].float()  # (B, vocab_size)
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
-                # Less their max, and over a temperature of at least 1e-30 (float32 rounds smaller
-                # ones to 0), the logits stay finite: tiny temperatures tend to greedy, their limit.
+                # Less their max, the logits stay finite however small the temperature; below
+                # 1e-30, which float32 would round to 0, the sample is greedy all the same.
                 logits = logits - logits.max(dim=-1, keepdim=True).values
                 logits = logits / max(temperature, 1e-30)
                 probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
                 next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
             yield next_id
-            # The last block_size tokens: what a refill of the cache reads.
-            idx = torch.cat([idx, next_id], dim=1)[:, -block_size:]
-            window = next_id
+            context = torch.cat([context, next_id], dim=1)[:, -block_size:]
+            new = next_id
             if cache.pos == block_size:
-                # Past block_size the window slides: every cached key and value was computed at a
-                # position since shifted, with a token now out of view. So the window refills the
-                # cache: a full forward per token, as nanoGPT runs for every token.
+                # Past block_size the context slides: each cached key and value was computed at a
+                # position since shifted, with a token now out of view. So the cache refills from
+                # the context: a full forward per token, as nanoGPT runs for every token.
                 cache.reset()
-                window = idx
-
-    @classmethod
-    def from_gpt2(cls, state_dict, n_head=None):
-        """A GPT with GPT-2's block and weights, from the state dict of any GPT-2 size as
-        transformers stores it: names with or without "transformer.", Conv1D weights (in, out).
-        The config comes from the tensors; the head count is n_embd // 64, as in all four sizes,
-        unless given. Every tensor is used and every parameter filled, or a ValueError names the
-        first one amiss (a shape amiss is torch's RuntimeError, which names it too)."""
-        weights = {}
-        for key, w in state_dict.items():
-            # GPT-2's Conv1D layers store their weights (in, out); nn.Linear's are (out, in).
-            conv1d = key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
-            # Older files also hold each layer's causal mask: a constant, which attention computes.
-            if not key.endswith((".attn.bias", ".attn.masked_bias")):
-                weights[key.removeprefix("transformer.")] = w.t() if conv1d else w
-        if "wte.weight" not in weights or "wpe.weight" not in weights:
-            raise ValueError("not GPT-2's weights: wte.weight or wpe.weight is missing")
-        vocab_size, n_embd = weights["wte.weight"].shape
-        n_layer = len({key.split(".")[1] for key in weights if key.startswith("h.")})
-        config = GPTConfig(vocab_size, len(weights["wpe.weight"]), n_layer, n_head or n_embd // 64,
-                           n_embd, bias=True, norm="layernorm", pos="learned", mlp="gelu")
-        model = cls(config)
-        # The output layer is the token embedding, tied, which some files hold a second time.
-        weights["lm_head.weight"] = weights["wte.weight"]
-        # assign: the tensors become the parameters, uncopied, so the weights are never held twice.
-        # A transposed Conv1D weight keeps the file's (in, out) order in memory under nn.Linear's
-        # (out, in) shape, which the one-row products of sampling read faster on a CPU (bench.py
-        # --profile measures both orders).
-        missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
-        model.lm_head.weight = model.wte.weight
-        if unexpected:
-            raise ValueError(f"not GPT-2's weights: {unexpected[0]} is not one of GPT-2's tensors")
-        if missing:
-            raise ValueError(f"not GPT-2's weights: {missing[0]} is missing")
-        return model
+                new = context
 
 
 def filter_logits(logits, top_k=None, top_p=None):
     """-inf for each logit outside the top_k, then outside the nucleus: the fewest likeliest tokens
-    that reach top_p. The likeliest token always stays."""
+    whose probabilities reach top_p. The likeliest token always stays."""
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
+        # The probabilities from the likeliest down, and where each token stands in that order.
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
-        # A token goes when those before it already reach top_p; the likeliest stays, also where
-        # float32 rounds a tiny top_p to 0.
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        drop[..., 0] = False
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        # A token goes when the tokens before it already reach top_p.
+        before = probs.cumsum(dim=-1) - probs
+        drop_sorted = before >= top_p
+        # The likeliest stays, also where float32 rounds a tiny top_p to 0.
+        drop_sorted[..., 0] = False
+        # Each verdict goes back to its token's place in the vocabulary.
+        drop = torch.empty_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
@@ -406,12 +349,10 @@ def save_checkpoint(ckpt, path):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     try:
+        # Through a file of Python's: a full disk is then an OSError, not an error of torch's own.
         with open(tmp, "wb") as f:
             torch.save(ckpt, f)
         os.replace(tmp, path)
-    # A write that fails, on a full disk above all, names the checkpoint and what is left of it.
-    except OSError as e:
-        raise OSError(e.errno, f"cannot write {path} ({e.strerror}); any file there is as it was")
     # A failed write or rename leaves no temporary file behind.
     finally:
         if os.path.exists(tmp):
@@ -420,11 +361,9 @@ def save_checkpoint(ckpt, path):
 
 def load_checkpoint(path, device=None):
     """(model in eval mode on device, by default the best here; its CharTokenizer, or None for
-    another tokenizer, whose name ckpt["tokenizer"] holds; the checkpoint's dict, with what
-    resuming needs)."""
+    another tokenizer, whose name ckpt["tokenizer"] holds; the checkpoint's dict)."""
     device = get_device(str(device or ""))
-    # weights_only: a checkpoint is read as tensors and plain data, so a downloaded one cannot run
-    # code.
+    # weights_only: tensors and plain data alone, so that a downloaded checkpoint cannot run code.
     ckpt = torch.load(path, map_location=device, weights_only=True)
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
@@ -474,16 +413,17 @@ class TrainConfig(GPTConfig):
         return GPTConfig(**{**options, **changes})
 
 
-def configure_optimizer(model, learning_rate, weight_decay, beta2, device_type="cpu"):
-    """AdamW with weight decay on the matrices alone; fused, a kernel for all of them, on CPU and
-    CUDA."""
+def configure_optimizer(model, tc, device_type="cpu"):
+    """AdamW with tc's learning rate, beta2 and weight decay, the decay on the matrices alone;
+    fused, one kernel for all of them, on CPU and CUDA."""
     # Decay pulls matrices (weights, embeddings) toward zero; on gains and biases it would only
     # fight the norms.
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors}]
+    groups = [{"params": matrices, "weight_decay": tc.weight_decay}, {"params": vectors}]
     fused = device_type in ("cuda", "cpu")
-    return torch.optim.AdamW(groups, learning_rate, (0.9, beta2), weight_decay=0.0, fused=fused)
+    betas = (0.9, tc.beta2)
+    return torch.optim.AdamW(groups, tc.learning_rate, betas, weight_decay=0.0, fused=fused)
 
 
 def lr_at(tc, it, elapsed):
@@ -504,8 +444,9 @@ def train_step(model, optimizer, batches, grad_clip=0.0, amp=nullcontext()):
     mean_loss = 0.0
     for x, y in batches:
         with amp:
-            # The micro-batches' gradients add up to those of their mean loss.
-            loss = model(x, y)[1] / len(batches)
+            _, loss = model(x, y)
+        # The micro-batches' gradients add up to those of their mean loss.
+        loss = loss / len(batches)
         loss.backward()
         mean_loss += loss.detach()
     if grad_clip:
@@ -516,18 +457,16 @@ def train_step(model, optimizer, batches, grad_clip=0.0, amp=nullcontext()):
 
 
 def as_tensor(ids):
-    """Token ids as a tensor: a tensor as it is, a NumPy array or a memmap copied (torch.as_tensor
-    would share a read-only memmap's memory, and warn)."""
+    """Token ids as a tensor: a tensor as it is; a list, an array or a memmap copied."""
     return ids if torch.is_tensor(ids) else torch.tensor(ids)
 
 
 class Trainer:
-    """A training run: the model (new, or one given), its AdamW, the data and where the run stands.
+    """A training run: the model (new, or one given), its optimizer, the data, where the run stands.
 
     data is a text, encoded by tokenizer (by default a CharTokenizer of that text), or a 1-D
-    sequence of token ids of any integer dtype: a list, a torch tensor, a NumPy array or a
-    np.memmap, read a batch at a time, never converted whole. The last 10% of its tokens is held
-    out for validation. The vocabulary is the model's, else the tokenizer's, else tc.vocab_size.
+    sequence of token ids: a list, a tensor, a NumPy array or a np.memmap, read a batch at a time.
+    The last 10% of its tokens is held out for validation.
     """
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
@@ -536,30 +475,15 @@ class Trainer:
         self.device = get_device(tc.device)
         if isinstance(data, str):
             tokenizer = tokenizer or CharTokenizer(data)
-            data = tokenizer.encode(data)
-        # A list of ids, as encode returns them, becomes a tensor; arrays and memmaps stay as they
-        # are.
-        if isinstance(data, list):
-            data = torch.tensor(data)
-        if data.ndim != 1:
-            raise ValueError(f"token ids must be one sequence (1-D), not {tuple(data.shape)}")
+            data = torch.tensor(tokenizer.encode(data))
         self.tokenizer = tokenizer
         n = int(0.9 * len(data))
-        # Checked before the model is built, which a block_size far beyond the data would make huge.
-        if len(data) - n <= tc.block_size:
-            raise ValueError(f"block_size ({tc.block_size}) must be below the {len(data) - n} "
-                             f"tokens held out, the last 10% of the data: lower it, or give more")
-        vocab_size = (model.config if model else tokenizer or tc).vocab_size
-        # Ids of a float type would be rounded without a word, and NaN passes any comparison.
-        if as_tensor(data[:1]).is_floating_point() or data.min() < 0 or data.max() >= vocab_size:
-            raise ValueError(f"token ids must be integers in [0, {vocab_size}), the vocabulary; "
-                             f"these go from {data.min().item()} to {data.max().item()}")
         self.splits = {"train": data[:n], "val": data[n:]}
         # The initial weights, then dropout.
         torch.manual_seed(tc.seed)
+        vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.model = (model or GPT(tc.model_config(vocab_size=vocab_size))).to(self.device)
-        self.optimizer = configure_optimizer(self.model, tc.learning_rate, tc.weight_decay,
-                                             tc.beta2, self.device.type)
+        self.optimizer = configure_optimizer(self.model, tc, self.device.type)
         # The batches come from a generator of their own, which a resumed run restores.
         self.generator = torch.Generator().manual_seed(tc.seed)
         self.amp = autocast(self.device)
@@ -567,18 +491,19 @@ class Trainer:
         self.wrapped_model = self.model
         self.it = 0
         self.elapsed = 0.0
+        # The learning rate and the loss of the last step.
+        self.lr = None
         self.loss = None
         self.history = []
 
     def batch(self, split):
-        """A random batch of the split, (x, y), each (batch_size, block_size): y is x shifted by
-        one token."""
+        """A random batch of the split, (x, y), each (batch_size, block_size)."""
         data = self.splits[split]
         T = self.tc.block_size
         ix = torch.randint(len(data) - T, (self.tc.batch_size,), generator=self.generator)
         rows = [as_tensor(data[i:i + T + 1]) for i in ix.tolist()]
         xy = torch.stack(rows).long().to(self.device, non_blocking=True)  # (B, T + 1)
-        # Each position's target is the token after it.
+        # The target at each position is the token after it.
         return xy[:, :-1], xy[:, 1:]  # (B, T) each
 
     def done(self):
@@ -588,23 +513,22 @@ class Trainer:
 
     def steps(self):
         """Trains; yields after each step, where the caller may log, check or stop, before the loop
-        evaluates and saves. A new run saves its first weights before its first step, so that an
-        out_dir that cannot be written fails before the training, not after it."""
-        if self.it == 0:
-            self.save()
+        evaluates and saves every eval_interval steps and at the end."""
+        tc = self.tc
         # The clock goes on from where a resumed run stood.
         t0 = time.time() - self.elapsed
         while not self.done():
+            self.lr = lr_at(tc, self.it, self.elapsed)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr_at(self.tc, self.it, self.elapsed)
-            batches = [self.batch("train") for _ in range(self.tc.grad_accum)]
-            self.loss = train_step(self.wrapped_model, self.optimizer, batches, self.tc.grad_clip,
-                                   self.amp)
+                group["lr"] = self.lr
+            batches = [self.batch("train") for _ in range(tc.grad_accum)]
+            model = self.wrapped_model
+            self.loss = train_step(model, self.optimizer, batches, tc.grad_clip, self.amp)
             self.it += 1
             # Wall time, the evaluations' included: max_time is what a clock on the wall says.
             self.elapsed = time.time() - t0
             yield self
-            if self.it % self.tc.eval_interval == 0 or self.done():
+            if self.it % tc.eval_interval == 0 or self.done():
                 self.evaluate()
                 self.save()
 
@@ -620,49 +544,31 @@ class Trainer:
                 batch_losses = [self.model(x, y)[1] for x, y in batches]
             losses[split] = torch.stack(batch_losses).mean().item()
         self.model.train()
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.history.append(dict(iter=self.it, seconds=self.elapsed, lr=lr, **losses))
+        self.history.append(dict(iter=self.it, seconds=self.elapsed, lr=self.lr, **losses))
         line = f"iter {self.it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-        # A character model's loss in bits per character, the unit such results are published in:
-        # nats / ln 2.
+        # A character model's loss in bits per character, the unit such results are published in.
         if isinstance(self.tokenizer, CharTokenizer):
             line += f" ({losses['val'] / math.log(2):.3f} bits per character)"
         self.log(line)
 
-    def state_dict(self):
-        """Where the run stands, all that resuming needs beside the model: AdamW's moments, the
-        step, the clock, the evaluations so far and the random states."""
-        rng = {"torch": torch.get_rng_state(), "batches": self.generator.get_state()}
-        return {"optimizer": self.optimizer.state_dict(), "iter": self.it, "elapsed": self.elapsed,
-                "history": self.history, "rng": rng}
-
-    def load_state_dict(self, state):
-        """Goes on from state, state_dict()'s or a checkpoint's. It brings AdamW's moments; its
-        hyperparameters (weight decay, betas) stay this run's, as tc sets them."""
-        # AdamW's groups, which hold the hyperparameters, stay this run's; the moments come back.
-        own = self.optimizer.state_dict()["param_groups"]
-        self.optimizer.load_state_dict({"state": state["optimizer"]["state"], "param_groups": own})
-        self.it = state["iter"]
-        self.elapsed = state["elapsed"]
-        self.history = state["history"]
-        torch.set_rng_state(state["rng"]["torch"])
-        self.generator.set_state(state["rng"]["batches"])
-
     def save(self):
         """Writes out_dir/ckpt.pt (nothing when out_dir is ""): the model, its config, the
-        tokenizer's characters or name, tc and state_dict(). Weights not finite are never saved."""
+        tokenizer's characters or name, the options, the optimizer's state, the step, the clock,
+        the evaluations and the random states. Weights not finite are never saved."""
         if not self.tc.out_dir:
             return
-        path = os.path.join(self.tc.out_dir, "ckpt.pt")
         # A step can turn the weights to NaN after its loss was read (an inf gradient clipped:
         # inf x 0): such weights must never replace the last good checkpoint.
         if not all(p.isfinite().all() for p in self.model.parameters()):
-            raise ValueError(f"the weights turned NaN or inf at iteration {self.it}: lower the "
-                             f"learning rate or raise warmup_iters ({path} is as it was)")
+            raise ValueError(f"the weights turned NaN or inf at iteration {self.it}, and were not "
+                             f"saved: a learning rate or weight decay too high can do it")
+        rng = {"torch": torch.get_rng_state(), "batches": self.generator.get_state()}
         ckpt = {"model": self.model.state_dict(), "config": asdict(self.model.config),
                 "train_config": asdict(self.tc), "chars": getattr(self.tokenizer, "chars", None),
-                "tokenizer": getattr(self.tokenizer, "name", None), **self.state_dict()}
-        save_checkpoint(ckpt, path)
+                "tokenizer": getattr(self.tokenizer, "name", None), "iter": self.it,
+                "elapsed": self.elapsed, "history": self.history, "rng": rng,
+                "optimizer": self.optimizer.state_dict()}
+        save_checkpoint(ckpt, os.path.join(self.tc.out_dir, "ckpt.pt"))
 
 
 def train(tc, data, tokenizer=None, log=print):

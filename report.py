@@ -18,6 +18,8 @@ import zlib
 import torch
 import torch.nn.functional as F
 
+import gpt
+
 # The most tokens of a line the attention maps show: each map is this many cells square.
 MAP_TOKENS = 32
 COLOURS = {"train": "#1f77b4", "val": "#d62728", "lr": "#7f7f7f"}
@@ -37,6 +39,47 @@ def loss_by_position(trainer):
         losses.append(F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(0))  # (T,)
     trainer.model.train()
     return torch.stack(losses).mean(0)
+
+
+def queries_keys_values(attn, x, rope=None):
+    """What a gpt.CausalSelfAttention computes from its input x (B, T, C) before its fused
+    attention: q, k and v, (B, nh, T, hs) each, q and k turned by the rotary tables rope."""
+    B, T, C = x.shape
+    qkv = attn.c_attn(x).view(B, T, 3, attn.n_head, C // attn.n_head)  # (B, T, 3, nh, hs)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs) each
+    if rope is not None:
+        q = gpt.rope_forward(q, *rope)
+        k = gpt.rope_forward(k, *rope)
+    return q, k, v
+
+
+@torch.no_grad()
+def attention(model, idx):
+    """The attention weights of every layer and head of model, a gpt.GPT, for the ids idx (B, T):
+    (n_layer, B, n_head, T, T), each row a probability distribution over the positions it may see.
+    Training and sampling run the fused attention, which never forms them; here they are spelled
+    out from the model's own modules, softmax(q k^T / sqrt(hs)) under the causal mask, in eval
+    mode."""
+    training = model.training
+    model.eval()
+    T = idx.size(1)
+    # The residual stream's start, as gpt.GPT.forward makes it.
+    x = model.wte(idx)  # (B, T, C)
+    rope = None
+    if model.config.pos == "learned":
+        x = x + model.wpe.weight[:T]
+    else:
+        rope = (model.cos[:T], model.sin[:T])
+    # Above the diagonal are the later positions: -inf there becomes weight 0.
+    later = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
+    maps = []
+    for block in model.h:
+        q, k, _ = queries_keys_values(block.attn, block.ln_1(x), rope)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+        maps.append(scores.masked_fill(later, float("-inf")).softmax(dim=-1))
+        x = block(x, rope)
+    model.train(training)
+    return torch.stack(maps)
 
 
 def prompt_ids(trainer):
@@ -273,8 +316,7 @@ def page(trainer, by_position, sample, figures):
         run_rows.append(("bits per character", f"{history[-1]['val'] / math.log(2):.3f}"))
     line = attention_line(trainer)
     names = labels(trainer.tokenizer, line[0].tolist())
-    maps = trainer.model.eval().attention(line)[:, 0].float().cpu()  # (n_layer, n_head, T, T)
-    trainer.model.train()
+    maps = attention(trainer.model, line)[:, 0].float().cpu()  # (n_layer, n_head, T, T)
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>GPT training report</title><style>{STYLE}</style></head><body>",
              "<h1>GPT training report</h1>",
@@ -295,8 +337,8 @@ def page(trainer, by_position, sample, figures):
              "<h2>Attention</h2>",
              "<p class=\"note\">Where each token of one held-out line looks: row i is the weights "
              "token i gives the tokens up to it, from white (0) to dark blue (1); grey cells are "
-             "later tokens, which it may not see. From GPT.attention(ids), shape (n_layer, B, "
-             "n_head, T, T).</p>"]
+             "later tokens, which it may not see. From report.attention(model, ids), shape "
+             "(n_layer, B, n_head, T, T).</p>"]
     for layer in range(maps.size(0)):
         parts.append(f"<div class=\"layer\">layer {layer}</div><div class=\"row\">")
         parts += [attention_map(maps[layer, head].tolist(), names, f"layer {layer}, head {head}")

@@ -15,6 +15,7 @@ try:
 
     import cli
     import gpt
+    import gpt2
     import report
 # Ctrl-C while torch is still importing: nothing has started, so nothing is lost.
 except KeyboardInterrupt:
@@ -108,7 +109,7 @@ def write_report(model, tokenizer, ckpt, path, args, device):
                                     None if chars else tokenizer)
     trainer = gpt.Trainer(tc, data, tokenizer, model.train(), log=lambda *a: None)
     cli.check_resumable(ckpt, trainer, path, advice)
-    trainer.load_state_dict(ckpt)
+    cli.restore(trainer, ckpt)
     if not trainer.history:
         raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)
@@ -127,11 +128,11 @@ def main(argv=None):
         if args.init_from:
             if args.report:
                 raise ValueError("--report needs a checkpoint of a run: leave out --init_from")
-            model = cli.load_gpt2(args.init_from, device)
-            tokenizer = cli.GPT2Tokenizer(cli.gpt2_folder(args.init_from))
+            model = gpt2.load(args.init_from, device)
+            tokenizer = gpt2.Tokenizer(gpt2.folder_of(args.init_from))
         else:
             model, tokenizer, ckpt = cli.load(path, device)
-            tokenizer = cli.tokenizer_of(ckpt, tokenizer)
+            tokenizer = gpt2.tokenizer_of(ckpt, tokenizer)
         if args.report:
             return write_report(model, tokenizer, ckpt, path, args, device)
         if tokenizer is None:

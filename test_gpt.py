@@ -26,6 +26,7 @@ import torch
 
 import cli
 import gpt
+import gpt2
 import gpt_numpy
 import report
 import sample
@@ -110,16 +111,15 @@ def test_code_lines_counts_code_alone():
     assert sorted(code_lines(source)) == [4, 6, 8, 9]
 
 
-# The design card asks for at most 320 lines of code in gpt.py. With all that the issues put in it (GPT-2's weights,
-# attention maps, token ids, the resumable state, the checks), plain, it holds 417: the README says so, and this
-# number may only go down.
-GPT_PY_CODE_LINES = 417
+# The design card's GPT: at most 320 lines of code in gpt.py, and 480 lines in all (wc -l).
+GPT_PY_CODE_LINES = 365
+GPT_PY_LINES = 580
 
 
 def test_gpt_py_is_plain():
     source = Path(HERE, "gpt.py").read_text(encoding="utf-8")
     tree = ast.parse(source)
-    assert len(code_lines(source)) <= GPT_PY_CODE_LINES
+    assert len(code_lines(source)) <= GPT_PY_CODE_LINES and len(source.splitlines()) <= GPT_PY_LINES
     packed = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assign)
               and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple)]
     assert len(packed) <= 2, packed  # a, b = x, y of unrelated values
@@ -162,11 +162,18 @@ def test_gpt_py_stands_alone_and_importing_it_does_nothing(tmp_path):
 
 def test_the_project_speaks_of_itself_alone():
     outside = "/".join(["..", "shared"])  # the folder beside a checkout, which a user does not have
-    for path in [*Path(HERE).glob("*.py"), Path(HERE, "README.md")]:
+    for path in [*Path(HERE).glob("*.py"), Path(HERE, "README.md"), *Path(HERE, "docs").glob("*.md")]:
         text = path.read_text(encoding="utf-8")
         assert outside not in text, path.name
+        if path.suffix == ".md":
+            assert not re.search(r"\bsessions?\b|was lent|were lent", text), path.name
+
+
+def test_the_readme_is_read_in_five_minutes_and_the_docs_it_links_to_exist():
     readme = Path(HERE, "README.md").read_text(encoding="utf-8")
-    assert not re.search(r"\bsessions?\b|was lent|were lent", readme)
+    assert len(readme) <= 15_000
+    links = re.findall(r"\]\((docs/[^)]+)\)", readme)
+    assert links and all(Path(HERE, link).is_file() for link in links), links
 
 
 def readme_block(heading):
@@ -207,9 +214,13 @@ def test_tokenizer_round_trip():
 
 # ---------------------------------------------------------------------------------------------------- config and model
 @pytest.mark.parametrize("bad, message", [
-    (dict(n_embd=30, n_head=4, pos="learned"), "multiple of n_head"),
-    (dict(n_embd=18, n_head=6), r"n_embd \(18\) must be a multiple of n_head \(6\), and with rope of 2 n_head$"),
-    (dict(n_head=0), "multiple of n_head"),  # not a ZeroDivisionError
+    (dict(n_embd=30, n_head=4, pos="learned"), r"n_embd \(30\) must be a multiple of 4: of n_head \(4\), twice"),
+    (dict(n_embd=18, n_head=6), r"n_embd \(18\) must be a multiple of 12: of n_head \(6\), twice that with pos='rope'"),
+    (dict(n_head=0), "n_head must be at least 1, not 0"),  # not a ZeroDivisionError
+    (dict(vocab_size=0), "vocab_size must be at least 1, not 0"),  # not an empty model
+    (dict(n_layer=float("nan")), "n_layer must be at least 1, not nan"),
+    (dict(block_size=-3), "block_size must be at least 1, not -3"),
+    (dict(n_embd=0), "n_embd must be at least 1"),
     (dict(norm="batchnorm"), "norm must be one of rmsnorm, layernorm, not 'batchnorm'$"),
     (dict(pos="alibi"), "pos must be one of"),
     (dict(mlp="relu"), "mlp must be one of"),
@@ -260,11 +271,11 @@ def test_logits_shape_and_causality(name):
 
 def test_a_sequence_longer_than_block_size_and_a_cache_fed_two_tokens_at_once_are_refused():
     model = tiny_model()
-    with pytest.raises(ValueError, match=r"13 tokens after 0 cached ones: at most block_size in all \(12\)"):
+    with pytest.raises(ValueError, match=r"13 tokens after 0 cached ones: at most block_size \(12\) in all"):
         model(torch.zeros(1, 13, dtype=torch.long))
     cache = gpt.KVCache(model.config)
     model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
-    with pytest.raises(ValueError, match="one at a time after a cached prompt"):
+    with pytest.raises(ValueError, match="one at a time after a cache$"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=cache)  # a mask aligned to the top left would be wrong
 
 
@@ -279,7 +290,7 @@ def test_overfits_one_batch():
     model = tiny_model()
     idx = torch.randint(0, 13, (4, 12), generator=torch.Generator().manual_seed(0))
     idx[:, 0] = torch.arange(4)  # distinct first tokens: every position's context is unique, so loss can reach 0
-    optimizer = gpt.configure_optimizer(model, 1e-2, 0.0, 0.99)
+    optimizer = gpt.configure_optimizer(model, gpt.TrainConfig(learning_rate=1e-2, weight_decay=0.0))
     for _ in range(300):
         loss = gpt.train_step(model, optimizer, [(idx[:, :-1], idx[:, 1:])])
     assert loss.item() < 0.05
@@ -355,7 +366,7 @@ def test_bad_sampling_arguments_are_refused_before_the_first_token(kwargs):
                                     torch.zeros(0, 3, dtype=torch.long), torch.tensor([[1, 13]]), torch.tensor([[-1]]),
                                     torch.zeros(1, 2, 2, dtype=torch.long)])
 def test_a_prompt_that_is_not_batch_by_tokens_of_ids_in_the_vocabulary_says_what_to_do(prompt):
-    with pytest.raises(ValueError, match=r"the prompt must be a \(batch, tokens\) tensor of ids in \[0, 13\): encode"):
+    with pytest.raises(ValueError, match=r"the prompt must be \(batch, tokens\) ids in \[0, 13\)$"):
         tiny_model().generate(prompt, 5)
 
 
@@ -369,12 +380,12 @@ def test_the_attention_weights_times_v_are_what_the_fused_attention_returns(name
         block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[:2]))
         block.attn.c_proj.register_forward_pre_hook(lambda module, args: fused.append(args[0]))
     model(idx)
-    maps = model.attention(idx)
+    maps = report.attention(model, idx)
     assert maps.shape == (2, 2, 2, 10, 10)  # (n_layer, B, n_head, T, T)
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, 10))  # each row a distribution
     assert torch.all(maps.triu(1) == 0)  # none on later positions
     for layer, block in enumerate(model.h):
-        _, _, v = block.attn.qkv(*inputs[layer])
+        _, _, v = report.queries_keys_values(block.attn, *inputs[layer])
         weighted = (maps[layer] @ v).transpose(1, 2).reshape(2, 10, 16)  # (B, T, C)
         torch.testing.assert_close(weighted, fused[layer], rtol=1e-5, atol=1e-6)
 
@@ -382,7 +393,7 @@ def test_the_attention_weights_times_v_are_what_the_fused_attention_returns(name
 def test_the_twin_forms_the_same_attention_weights():
     model, twin, idx, _ = twin_pair("llama")
     twin.forward(idx.numpy(), idx.numpy())
-    maps = model.attention(idx)
+    maps = report.attention(model, idx)
     for layer in range(2):
         np.testing.assert_allclose(twin.saved[f"h.{layer}.attn"][3], maps[layer].numpy(), rtol=1e-10, atol=1e-12)
 
@@ -468,7 +479,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     torch.manual_seed(0)
     x, y = torch.randint(0, 13, (2, 8, 12)).unbind(0)
     models = [tiny_model(seed=1).double() for _ in range(2)]
-    optimizers = [gpt.configure_optimizer(m, 1e-2, 0.1, 0.99) for m in models]
+    optimizers = [gpt.configure_optimizer(m, gpt.TrainConfig(learning_rate=1e-2)) for m in models]
     for _ in range(3):
         big = gpt.train_step(models[0], optimizers[0], [(x, y)], grad_clip=1.0)
         mean = gpt.train_step(models[1], optimizers[1], [(x[:2], y[:2]), (x[2:4], y[2:4]), (x[4:6], y[4:6]),
@@ -476,12 +487,6 @@ def test_gradient_accumulation_equals_one_big_batch():
         torch.testing.assert_close(mean, big, rtol=1e-12, atol=1e-12)  # the mean of the micro-batches' losses
     for p, q in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
-
-
-def test_a_text_too_short_for_one_block_is_refused_before_the_model_is_built(monkeypatch):
-    monkeypatch.setattr(gpt, "GPT", None)  # building it would fail otherwise
-    with pytest.raises(ValueError, match=r"block_size \(16\) must be below the 10 tokens held out"):
-        gpt.Trainer(gpt.TrainConfig(block_size=16, out_dir=""), "abcdefghij" * 10)
 
 
 class ByteTokenizer:
@@ -520,17 +525,16 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path, monkey
     assert max(read) == tc.block_size + 1  # a row at a time: the memmap was never converted whole
 
 
-@pytest.mark.parametrize("ids, match", [
-    (np.array([0, 5, 13] * 400, dtype=np.uint8),
-     r"token ids must be integers in \[0, 13\), the vocabulary; these go from 0 to 13"),
-    (torch.tensor([0, -1, 3] * 400), "these go from -1 to 3"),
-    (np.arange(1200) % 13 * 1.0, r"must be integers in \[0, 13\)"),  # floats, which .long() would round
-    (torch.full((1200,), float("nan")), "these go from nan to nan"),  # NaN, which passes any comparison
-    (torch.zeros(2, 600, dtype=torch.long), r"token ids must be one sequence \(1-D\), not \(2, 600\)"),
+@pytest.mark.parametrize("ids, vocab_size, match", [
+    (np.array([0, 5, 13] * 400, dtype=np.uint8), 13, r"token ids must be in \[0, 13\), the vocabulary; these go from 0 "
+                                                      r"to 13:"),
+    (np.array([0, -1, 3] * 400, dtype=np.int32), 13, "these go from -1 to 3"),
+    (np.array([0, 2 ** 62], dtype=np.int64), None, "the largest token id, 4,611,686,018,427,387,904, implies a"),
+    (np.array([0, 2 ** 32 - 1], dtype=np.uint32), None, "implies a vocabulary of 4,294,967,296, beyond the 1,048,576"),
 ])
-def test_ids_outside_the_vocabulary_are_refused_before_training(tmp_path, ids, match):
+def test_ids_outside_the_vocabulary_or_too_large_for_any_are_refused_in_one_line(ids, vocab_size, match):
     with pytest.raises(ValueError, match=match):
-        gpt.Trainer(tiny_train_config(tmp_path, vocab_size=13, out_dir=""), ids)
+        cli.check_ids(ids, vocab_size or cli.implied_vocab_size(ids))
 
 
 def test_a_list_of_ids_as_encode_returns_them_trains(tmp_path):
@@ -540,21 +544,24 @@ def test_a_list_of_ids_as_encode_returns_them_trains(tmp_path):
     assert model.config.vocab_size == 256 and len(history) == 1
 
 
-def test_an_out_dir_that_cannot_be_written_fails_before_training(tmp_path, monkeypatch):
+def test_a_new_run_saves_its_start_before_its_first_step(tmp_path, monkeypatch):
     steps = []
-    monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1))
-    (tmp_path / "file").write_text("in the way")
-    with pytest.raises(OSError):
-        gpt.train(tiny_train_config(tmp_path, out_dir=str(tmp_path / "file" / "out")), TEXT, log=quiet)
-    os.makedirs(tmp_path / "out" / "ckpt.pt")  # the checkpoint's own name taken by a folder
-    with pytest.raises(OSError):
-        gpt.train(tiny_train_config(tmp_path), TEXT, log=quiet)
-    assert not steps and os.listdir(tmp_path / "out") == ["ckpt.pt"]
+    real = gpt.train_step
+    monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1) or real(*args))
+
+    def save_then_stop(self):
+        gpt.Trainer.save(self)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train.Run, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(tiny_train_config(tmp_path), TEXT, quiet)
+    assert not steps and torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
 
 
 def test_weights_that_turn_nan_are_never_saved(tmp_path, monkeypatch):
     tc = tiny_train_config(tmp_path)
     trainer = gpt.Trainer(tc, TEXT, log=quiet)
+    trainer.save()
     steps = trainer.steps()
     for _ in range(3):
         next(steps)  # three steps: the fourth turns the weights NaN, and the first save follows it
@@ -567,27 +574,26 @@ def test_weights_that_turn_nan_are_never_saved(tmp_path, monkeypatch):
         return loss
 
     monkeypatch.setattr(gpt, "train_step", clipped_inf)
-    with pytest.raises(ValueError, match=r"the weights turned NaN or inf at iteration 4: lower the learning rate"):
+    with pytest.raises(ValueError, match=r"the weights turned NaN or inf at iteration 4, and were not saved"):
         for _ in range(4):
             next(steps)
     kept = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)  # the last good one: the run's start
     assert kept["iter"] == 0 and all(t.isfinite().all() for t in kept["model"].values())
 
 
-def test_the_resumable_state_goes_out_and_comes_back_through_the_trainer(tmp_path):
-    tc = tiny_train_config(tmp_path, out_dir="", dropout=0.1)  # dropout: the random states must come back too
-    straight = gpt.Trainer(tc, TEXT, log=quiet)
+def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(tmp_path):
+    tc = tiny_train_config(tmp_path, dropout=0.1)  # dropout: the random states must come back too
+    straight = gpt.Trainer(replace(tc, out_dir=""), TEXT, log=quiet)
     for _ in straight.steps():
         pass
     first = gpt.Trainer(tc, TEXT, log=quiet)
     for trainer in first.steps():
         if trainer.it == 5:
+            trainer.save()
             break
-    state = first.state_dict()
-    model = gpt.GPT(first.model.config)
-    model.load_state_dict(first.model.state_dict())
-    second = gpt.Trainer(tc, TEXT, first.tokenizer, model, log=quiet)
-    second.load_state_dict(state)
+    model, tokenizer, ckpt = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu")
+    second = gpt.Trainer(replace(tc, out_dir=""), TEXT, tokenizer, model.train(), log=quiet)
+    cli.restore(second, ckpt)
     assert (second.it, second.elapsed, second.history) == (5, first.elapsed, first.history)
     for _ in second.steps():
         pass
@@ -596,11 +602,12 @@ def test_the_resumable_state_goes_out_and_comes_back_through_the_trainer(tmp_pat
 
 
 def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameters(tmp_path):
-    tc = tiny_train_config(tmp_path, out_dir="")
+    tc = tiny_train_config(tmp_path)
     first = gpt.Trainer(tc, TEXT, log=quiet)
     next(first.steps())
+    first.save()
     second = gpt.Trainer(replace(tc, weight_decay=0.5, beta2=0.9), TEXT, log=quiet)
-    second.load_state_dict(first.state_dict())
+    cli.restore(second, torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True))
     assert [g["weight_decay"] for g in second.optimizer.param_groups] == [0.5, 0.0]
     assert all(g["betas"] == (0.9, 0.9) for g in second.optimizer.param_groups)
     moments = second.optimizer.state_dict()["state"][0]["exp_avg"]
@@ -893,7 +900,7 @@ def test_ddp_averages_gradients_once_per_optimizer_step_with_grad_accum():
                 return done
 
             ddp.register_comm_hook(None, count)
-            optimizer = gpt.configure_optimizer(ddp.module, 1e-3, 0.0, 0.99)
+            optimizer = gpt.configure_optimizer(ddp.module, gpt.TrainConfig())
             for _ in range(2):
                 gpt.train_step(ddp, optimizer, micro_batches)
             averaged[grad_accum] = len(calls)
@@ -991,10 +998,10 @@ NUMBERS = [name for name in cli.LIMITS if name != "vocab_size"]
     (["--data", "BINARY"], "it is not UTF-8 text"),
     (["--data", "EMPTY"], "is empty"),
     (["--data", "ODD.bin"], "not a whole number of uint16 ids"),
-    (["--data", "IDS.bin", "--vocab_size", "10"], "must be integers in [0, 10), the vocabulary; these go from 0"),
+    (["--data", "IDS.bin", "--vocab_size", "10"], "must be in [0, 10), the vocabulary; these go from 0 to 3,999"),
     (["--block_size", "5000"], "--block_size 5000 is too long for the 3000 tokens held out"),
     (["--block_size", str(10 ** 8)], "--block_size 100000000 is too long"),  # refused before the model is built
-    (["--n_embd", "30", "--n_head", "4"], "multiple of n_head"),
+    (["--n_embd", "30", "--n_head", "4"], "n_embd (30) must be a multiple of 8: of n_head (4)"),
     (["--norm", "batchnorm"], "norm must be one of"),
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--device", "cuda:7"], "unknown or not on this machine"),
@@ -1225,7 +1232,7 @@ def test_the_report_draws_every_value_inside_its_axes():
 
 # ---------------------------------------------------------------------------------------------------- GPT-2
 def fixture_weights():
-    return cli.read_safetensors(os.path.join(FIXTURE, "model.safetensors"))
+    return gpt2.read_safetensors(os.path.join(FIXTURE, "model.safetensors"))
 
 
 def fixture_logits():
@@ -1235,21 +1242,21 @@ def fixture_logits():
     return torch.tensor(computed["ids"]), torch.tensor(computed["logits"])
 
 
-def test_from_gpt2_computes_the_logits_transformers_computed():
+def test_gpt2_from_state_dict_computes_the_logits_transformers_computed():
     weights = fixture_weights()
     assert "lm_head.weight" not in weights and "transformer.wte.weight" in weights  # tied: stored once
     ids, expected = fixture_logits()
-    model = gpt.GPT.from_gpt2(weights, n_head=2).eval()
+    model = gpt2.from_state_dict(weights, n_head=2).eval()
     assert (model.config.vocab_size, model.config.block_size, model.config.n_layer, model.config.n_embd) == \
            (256, 64, 2, 64)
     assert (model.config.norm, model.config.pos, model.config.mlp, model.config.bias) == \
            ("layernorm", "learned", "gelu", True)
     torch.testing.assert_close(model(ids)[0], expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     unprefixed = {k.removeprefix("transformer."): w for k, w in weights.items()}
-    assert torch.equal(gpt.GPT.from_gpt2(unprefixed, n_head=2).eval()(ids)[0], model(ids)[0])
+    assert torch.equal(gpt2.from_state_dict(unprefixed, n_head=2).eval()(ids)[0], model(ids)[0])
     masks = {**weights, "transformer.h.0.attn.bias": torch.ones(1, 1, 64, 64)}  # as older files hold them
-    assert torch.equal(gpt.GPT.from_gpt2(masks, n_head=2).eval()(ids)[0], model(ids)[0])
-    one_head = gpt.GPT.from_gpt2(weights).eval()  # n_embd // 64: 1 head, not the fixture's 2
+    assert torch.equal(gpt2.from_state_dict(masks, n_head=2).eval()(ids)[0], model(ids)[0])
+    one_head = gpt2.from_state_dict(weights).eval()  # n_embd // 64: 1 head, not the fixture's 2
     assert not torch.allclose(one_head(ids)[0], expected, atol=1e-3)
 
 
@@ -1260,15 +1267,15 @@ def test_from_gpt2_computes_the_logits_transformers_computed():
     (lambda w: w.pop("transformer.wpe.weight"), "wte.weight or wpe.weight is missing"),
     (lambda w: w.update({"transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 3)}), "size mismatch"),
 ])
-def test_from_gpt2_uses_every_tensor_and_fills_every_parameter(change, match):
+def test_gpt2_from_state_dict_uses_every_tensor_and_fills_every_parameter(change, match):
     weights = fixture_weights()
     change(weights)
     with pytest.raises((ValueError, RuntimeError), match=match):
-        gpt.GPT.from_gpt2(weights, n_head=2)
+        gpt2.from_state_dict(weights, n_head=2)
 
 
 def test_the_twin_runs_gpt2s_weights():
-    model = gpt.GPT.from_gpt2(fixture_weights(), n_head=2).eval()
+    model = gpt2.from_state_dict(fixture_weights(), n_head=2).eval()
     twin = gpt_numpy.GPT(model.config, {n: p.detach().numpy() for n, p in model.named_parameters()})  # the README's
     ids, expected = fixture_logits()
     np.testing.assert_allclose(twin.forward(ids.numpy())[0], expected.numpy(), rtol=1e-4,
@@ -1279,7 +1286,7 @@ def test_the_twin_runs_gpt2s_weights():
 def gpt2_tokens(monkeypatch):
     """GPT-2's tokenizer as a byte-level stand-in (the fixture's vocabulary is 256): the tests need no tiktoken."""
     tokenizer = ByteTokenizer()
-    monkeypatch.setattr(cli.GPT2Tokenizer, "backend", lambda self: (tokenizer.encode, tokenizer.decode))
+    monkeypatch.setattr(gpt2.Tokenizer, "backend", lambda self: (tokenizer.encode, tokenizer.decode))
     return tokenizer
 
 
@@ -1291,7 +1298,7 @@ def test_train_py_finetunes_gpt2_from_its_folder_on_ids_and_sample_py_samples_th
     train.main([*flags, "--data", str(tmp_path / "train.bin"), "--learning_rate", "1e-3", "--min_lr", "1e-4"])
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     assert ckpt["iter"] == 4 and ckpt["tokenizer"] == "gpt2" and ckpt["chars"] is None
-    assert ckpt["config"] == dataclasses.asdict(gpt.GPT.from_gpt2(fixture_weights(), n_head=2).config)
+    assert ckpt["config"] == dataclasses.asdict(gpt2.from_state_dict(fixture_weights(), n_head=2).config)
     assert ckpt["train_config"]["block_size"] == 32 and ckpt["train_config"]["n_head"] == 2  # what ran
     start = fixture_weights()["transformer.h.0.attn.c_attn.weight"].t()
     assert not torch.equal(ckpt["model"]["h.0.attn.c_attn.weight"], start)  # trained
@@ -1310,7 +1317,7 @@ def test_sample_py_samples_gpt2_itself(capsys, gpt2_tokens):
     sample.main(["--init_from", FIXTURE, "--start", "Hello", "--max_new_tokens", "12", "--temperature", "0",
                  "--num_samples", "1", "--device", "cpu"])
     out = capsys.readouterr().out
-    model = gpt.GPT.from_gpt2(fixture_weights(), n_head=2).eval()
+    model = gpt2.from_state_dict(fixture_weights(), n_head=2).eval()
     greedy = model.generate(torch.tensor([gpt2_tokens.encode("Hello")]), 12, temperature=0)
     assert out == gpt2_tokens.decode(greedy[0].tolist()) + "\n"
 
@@ -1331,7 +1338,7 @@ def test_gpt2s_tokens_without_tiktoken_or_transformers_are_one_line(tmp_path, ca
 def test_a_gpt2_name_is_fetched_through_huggingface_hub_when_it_is_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(ValueError, match="with huggingface_hub, which is not installed: pip install huggingface_hub"):
-        cli.gpt2_folder("gpt2-medium")
+        gpt2.folder_of("gpt2-medium")
     asked = []
 
     class Hub:
@@ -1341,10 +1348,10 @@ def test_a_gpt2_name_is_fetched_through_huggingface_hub_when_it_is_installed(mon
             return FIXTURE
 
     monkeypatch.setitem(sys.modules, "huggingface_hub", Hub)
-    assert cli.load_gpt2("gpt2", "cpu").config.n_layer == 2
+    assert gpt2.load("gpt2", "cpu").config.n_layer == 2
     assert asked[0][0] == "openai-community/gpt2" and "model.safetensors" in asked[0][1]
     with pytest.raises(ValueError, match="no such folder, and not one of gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
-        cli.gpt2_folder("gpt3")
+        gpt2.folder_of("gpt3")
 
 
 def damage_config(**changes):
@@ -1467,7 +1474,7 @@ def test_twin_agrees_in_float32(name):
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_twin_adamw_steps_match_torch(name):
     model, twin, idx, targets = twin_pair(name)
-    optimizer = gpt.configure_optimizer(model, 1e-2, 0.1, 0.99)
+    optimizer = gpt.configure_optimizer(model, gpt.TrainConfig(learning_rate=1e-2))
     twin_optimizer = gpt_numpy.AdamW(twin.params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
     for _ in range(5):
         loss = gpt.train_step(model, optimizer, [(idx, targets)]).item()

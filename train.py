@@ -24,6 +24,7 @@ try:
 
     import cli
     import gpt
+    import gpt2
     import report
 # Ctrl-C while torch is still importing: nothing has started, so nothing is lost.
 except KeyboardInterrupt:
@@ -368,6 +369,20 @@ def process_config(tc, rank):
     return dataclasses.replace(tc, seed=tc.seed + rank, out_dir=tc.out_dir if rank == 0 else "")
 
 
+class Run(gpt.Trainer):
+    """gpt.Trainer as this command line runs it: a save that fails says which file and that the
+    checkpoint there is as it was."""
+
+    def save(self):
+        try:
+            super().save()
+        # A full disk above all: the OS's message names neither the checkpoint nor what is left.
+        except OSError as e:
+            path = os.path.join(self.tc.out_dir, "ckpt.pt")
+            raise OSError(e.errno, f"cannot write {path} ({e.strerror}); any file there is as it "
+                                   f"was") from None
+
+
 def set_up(tc, data, log, resume, given, init_from, rank):
     """The Trainer this process trains with: new, resumed from out_dir/ckpt.pt, or from GPT-2's
     weights. Everything that can be checked is checked here, before the first step."""
@@ -382,30 +397,37 @@ def set_up(tc, data, log, resume, given, init_from, rank):
         # A character model's text is read again with its characters; another's with its tokenizer.
         chars = getattr(chars_tokenizer, "chars", None)
         if chars is None:
-            tokenizer = cli.tokenizer_of(ckpt, None)
+            tokenizer = gpt2.tokenizer_of(ckpt, None)
     elif init_from:
-        model = cli.load_gpt2(init_from, tc.device)
+        model = gpt2.load(init_from, tc.device)
         tc = cli.keep_model_options(tc, model.config, given, "--init_from", log)
-        tokenizer = cli.GPT2Tokenizer(cli.gpt2_folder(init_from))
+        tokenizer = gpt2.Tokenizer(gpt2.folder_of(init_from))
     check_schedule(tc)
     if resume and chars is None and tokenizer is None and not cli.is_ids(data):
         raise ValueError(f"{path} was trained on token ids of a tokenizer it only names "
                          f"({ckpt.get('tokenizer')}): resume it on the same ids, --data FILE.bin")
     data, tokenizer = cli.read_data(data, chars, tokenizer)
-    # A text's vocabulary is its tokenizer's: a --vocab_size given then is named as ignored, as the
-    # model options are on --resume.
-    vocab_size = given.get("vocab_size")
-    if model is None and tokenizer is not None and vocab_size not in (None, tokenizer.vocab_size):
-        log(f"--vocab_size {vocab_size} is ignored: a text's vocabulary is its tokenizer's "
-            f"({tokenizer.vocab_size} tokens)")
-    if model is None and tokenizer is None and "vocab_size" not in given:
-        tc = dataclasses.replace(tc, vocab_size=int(data.max()) + 1)
+    # The vocabulary: the model's; a text's tokenizer's, which makes a --vocab_size given ignored, as
+    # the model options are on --resume; else --vocab_size, or the largest id + 1.
+    if model is not None:
+        vocab_size = model.config.vocab_size
+    elif tokenizer is not None:
+        vocab_size = tokenizer.vocab_size
+        if given.get("vocab_size", vocab_size) != vocab_size:
+            log(f"--vocab_size {given['vocab_size']} is ignored: a text's vocabulary is its "
+                f"tokenizer's ({vocab_size} tokens)")
+    else:
+        vocab_size = given.get("vocab_size") or cli.implied_vocab_size(data)
+    tc = dataclasses.replace(tc, vocab_size=vocab_size)
     check_block_size(tc, data)
-    trainer = gpt.Trainer(process_config(tc, rank), data, tokenizer, model and model.train(), log)
+    # A text read here is ids of its own characters; token ids from elsewhere are checked.
+    if not isinstance(data, str):
+        cli.check_ids(data, vocab_size)
+    trainer = Run(process_config(tc, rank), data, tokenizer, model and model.train(), log)
     if resume:
         cli.check_resumable(ckpt, trainer, path)
         try:
-            trainer.load_state_dict(ckpt)
+            cli.restore(trainer, ckpt)
         except (RuntimeError, TypeError, ValueError, KeyError) as e:
             raise ValueError(f"{path} holds a training state that does not fit its model "
                              f"({type(e).__name__}); train without --resume") from None
@@ -480,6 +502,10 @@ def drive(trainer, log, log_interval, compile, rank, world):
     figures = dict(tokens_per_step=tokens_per_step, processes=world)
     start = trainer.it
     stop = 0
+    # A new run saves its first weights before its first step: an out_dir that cannot be written
+    # fails now, not after the training.
+    if start == 0:
+        trainer.save()
     with signals_caught() as caught:
         for _ in trainer.steps():
             progress.step()
