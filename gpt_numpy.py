@@ -27,15 +27,20 @@ One calling convention for every layer:
 Check every backward with NumPy alone, or one of your own with check_layer (its docstring shows
 how):
     python gpt_numpy.py --check                # each layer alone, then the whole model, against
-                                               # finite differences
+                                               # finite differences: every row ok, WRONG or ERROR
+    python gpt_numpy.py --exercise list        # the workbook: break a line of a backward, predict
+                                               # the rows that turn, run the check (--exercise N)
     python gpt_numpy.py [PATH] [--seconds N]   # trains a tiny GPT on PATH (input.txt) for N
                                                # seconds (60), then samples
 test_gpt.py also holds every gradient here to PyTorch's autograd.
 """
 import argparse
+import collections
+import json
 import math
 import os
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -92,9 +97,15 @@ def linear_forward(x, weight, bias=None):
     return out, (x, weight, bias is not None)
 
 
-# out = x W^T + b at every position. The matmul rule: for Y = A B, dA = dY B^T and dB = A^T dY. So
-#   dx = dout W
-#   dW = dout^T x, summed over every position (rule 2)
+# The matmul rule, which every matmul's backward below follows. For Y = A B, Y_ik = sum_j A_ij B_jk:
+# each A_ij reaches every Y_ik of its row i, through B_jk, so
+#   dA_ij = sum_k dY_ik B_jk,  that is  dA = dY B^T
+#   dB_jk = sum_i A_ij dY_ik,  that is  dB = A^T dY
+# out = x W^T + b at every position. Flattened to N = B*T rows, it is one matmul, X (N, in) times
+# W^T (in, out). With A = X and B = W^T:
+#   dx = dout W                         (N, out) @ (out, in)
+#   dW = (d(W^T))^T = (x^T dout)^T = dout^T x    (out, N) @ (N, in): its inner sum, over the N
+#                                       rows, is rule 2's sum over every position
 #   db = dout, summed over every position (rule 2)
 def linear_backward(dout, saved):
     x, weight, has_bias = saved
@@ -117,17 +128,22 @@ def layernorm_forward(x, weight, bias=None, eps=1e-5):
     return out, (xhat, rstd, weight, bias is not None)
 
 
-# xhat = (x - mu) r over the C channels of a position: mu = mean(x), var = mean((x - mu)^2) and
-# r = (var + eps)^(-1/2). The gain and the bias, each summed over the positions (rule 2):
+# xhat = (x - mean) rstd over the C channels of a position, with mean = mean_j(x_j),
+# var = mean_j((x_j - mean)^2) and rstd = (var + eps)^(-1/2). [i = j] is 1 when i = j, else 0:
+# x_i depends on x_j only when they are the same channel. The gain and the bias, each summed over
+# the positions (rule 2):
 #   dweight = dout * xhat,   dbias = dout
 # g = dout * weight is the gradient at xhat, which reaches each x_j along three paths (rule 1):
-#   direct:      d xhat_i / d x_j = r [i = j]                                -> r g_j
-#   through mu:  d mu / d x_j = 1/C and d xhat_i / d mu = -r                 -> -r mean(g)
-#   through var: d var / d x_j = 2 (x_j - mu) / C; var's own path through mu vanishes, since the
-#                deviations x_i - mu sum to 0. With d r / d var = -r^3 / 2 and
-#                d xhat_i / d r = x_i - mu:
-#                sum_i g_i (x_i - mu) (-r^3 / 2) 2 (x_j - mu) / C     -> -r xhat_j mean(g xhat)
-#   dx = r (g - mean(g) - xhat mean(g xhat))
+#   direct:        d xhat_i / d x_j = rstd [i = j]                    -> rstd g_j
+#   through mean:  d mean / d x_j = 1/C and d xhat_i / d mean = -rstd -> -rstd mean(g)
+#   through var:   d var / d x_j = 2 (x_j - mean) / C (var's own path through mean vanishes, since
+#                  the deviations x_i - mean sum to 0), d rstd / d var = -rstd^3 / 2, and
+#                  d xhat_i / d rstd = x_i - mean. Summed over i:
+#                  sum_i g_i (x_i - mean) (-rstd^3 / 2) 2 (x_j - mean) / C
+#                  = -rstd^3 (x_j - mean) mean_i(g_i (x_i - mean))
+#                  = -rstd ((x_j - mean) rstd) mean_i(g_i (x_i - mean) rstd)
+#                  = -rstd xhat_j mean(g xhat)                        since (x - mean) rstd = xhat
+#   dx = rstd (g - mean(g) - xhat mean(g xhat))
 def layernorm_backward(dout, saved):
     xhat, rstd, weight, has_bias = saved
     positions = tuple(range(dout.ndim - 1))
@@ -146,9 +162,14 @@ def rmsnorm_forward(x, weight, eps=1e-5):
     return xhat * weight, (xhat, rstd, weight)
 
 
-# LayerNorm without the mean: xhat = x r with r = (mean(x^2) + eps)^(-1/2). No mu, so no mean(g)
-# path:
-#   dx = r (g - xhat mean(g xhat)), with g = dout * weight
+# LayerNorm without the mean: xhat = x rstd, with ms = mean_j(x_j^2) and rstd = (ms + eps)^(-1/2).
+# g = dout * weight reaches each x_j along two paths (rule 1):
+#   direct:      d xhat_i / d x_j = rstd [i = j]                      -> rstd g_j
+#   through ms:  d ms / d x_j = 2 x_j / C, d rstd / d ms = -rstd^3 / 2 and d xhat_i / d rstd = x_i.
+#                Summed over i:
+#                sum_i g_i x_i (-rstd^3 / 2) 2 x_j / C = -rstd^3 x_j mean_i(g_i x_i)
+#                = -rstd (x_j rstd) mean_i(g_i x_i rstd) = -rstd xhat_j mean(g xhat)
+#   dx = rstd (g - xhat mean(g xhat))
 #   dweight = dout * xhat, summed over the positions (rule 2)
 def rmsnorm_backward(dout, saved):
     xhat, rstd, weight = saved
@@ -238,16 +259,22 @@ def softmax_forward(x):
     return p, p
 
 
-# p_i = e^x_i / sum_k e^x_k  =>  dp_i/dx_j = p_i ([i = j] - p_j), so
+# p_i = e^x_i / sum_k e^x_k. With [i = j] 1 when i = j, else 0, the quotient rule gives
+# dp_i/dx_j = p_i ([i = j] - p_j): x_j raises its own p_j and, through the sum, lowers them all.
 #   dx_j = sum_i dout_i p_i ([i = j] - p_j) = p_j (dout_j - sum_i dout_i p_i)
 def softmax_backward(dout, saved):
     p = saved
     return p * (dout - (dout * p).sum(-1, keepdims=True)), {}
 
 
+# What attention_forward keeps for its backward, by name: q, k and v, (B, nh, T, hs) each, after
+# rope; att, the attention weights, (B, nh, T, T), each row a probability distribution over the
+# positions it may see; scale, 1/sqrt(hs); rope, the (cos, sin) tables or None.
+AttentionSaved = collections.namedtuple("AttentionSaved", "q k v att scale rope")
+
+
 def attention_forward(qkv, n_head, rope=None):
-    """Causal self-attention of the heads in qkv, (B, T, 3C); saved holds the attention weights,
-    saved[3], (B, nh, T, T): each row a probability distribution over the positions it may see."""
+    """Causal self-attention of the heads in qkv, (B, T, 3C): (y, AttentionSaved)."""
     B, T, C3 = qkv.shape
     hs = C3 // 3 // n_head
     q, k, v = np.split(qkv, 3, axis=-1)  # (B, T, C) each
@@ -267,7 +294,7 @@ def attention_forward(qkv, n_head, rope=None):
     att, _ = softmax_forward(scores)  # (B, nh, T, T)
     y = att @ v  # (B, nh, T, hs)
     y = y.transpose(0, 2, 1, 3).reshape(B, T, C3 // 3)  # (B, T, C): the heads side by side again
-    return y, (q, k, v, att, scale, rope)
+    return y, AttentionSaved(q, k, v, att, scale, rope)
 
 
 # Backward from the output, each line the matmul rule (dA = dY B^T, dB = A^T dY for Y = A B) or a
@@ -277,7 +304,8 @@ def attention_forward(qkv, n_head, rope=None):
 #   the mask:               the scores above the diagonal were set to -inf, a constant, so no
 #                           gradient may pass there; att is 0 there, and softmax_backward's
 #                           p * (...) gives 0 there on its own
-#   scores = q k^T scale:   dq = dscores k scale,   dk = dscores^T q scale
+#   scores = q k^T scale:   dq = dscores (k^T)^T scale = dscores k scale, and d(k^T) = q^T dscores
+#                           scale, so dk = (d(k^T))^T = dscores^T q scale
 #   rope turned q and k:    turn their gradients back with rope_backward
 #   q, k, v were split from qkv and their heads from C: the backward reshapes and concatenates
 def attention_backward(dout, saved):
@@ -537,10 +565,49 @@ class AdamW:
 # --------------------------------------------------------------------------------------- checking
 def rel_error(ours, reference, scale=None):
     """The largest entry's error, relative to the gradient's scale: max|a - b| / scale, where scale
-    is by default the larger of max|a| and max|b|."""
+    is by default the larger of max|a| and max|b|. inf where either holds a NaN or an inf: such a
+    gradient is never right."""
+    ours = np.asarray(ours, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    if not (np.isfinite(ours).all() and np.isfinite(reference).all()):
+        return math.inf
     if scale is None:
         scale = max(np.abs(ours).max(), np.abs(reference).max())
     return float(np.abs(ours - reference).max() / scale) if scale > 0 else 0.0
+
+
+class Row:
+    """One row of the check: a gradient's name and its largest relative error against finite
+    differences, ok when at most the tolerance, else WRONG; or ERROR, with the one line of the
+    exception its forward or backward raised."""
+
+    def __init__(self, name, error=math.inf, tolerance=1e-6, raised=None):
+        self.name = name
+        self.error = error
+        self.tolerance = tolerance
+        self.raised = raised
+
+    @property
+    def verdict(self):
+        if self.raised is not None:
+            return "ERROR"
+        return "ok" if self.error <= self.tolerance else "WRONG"
+
+    def __str__(self):
+        if self.raised is not None:
+            return f"{self.name:44s} {'':14s}  ERROR  {self.raised}"
+        return f"{self.name:44s} {self.error:14.1e}  {self.verdict}"
+
+    def __repr__(self):
+        if self.raised is not None:
+            return f"{self.name}: ERROR ({self.raised})"
+        return f"{self.name}: {self.verdict} ({self.error:.1e}, at most {self.tolerance:g})"
+
+
+def one_line(error):
+    """An exception as the table shows it: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def numerical_gradient(loss, value, entries, h=1e-6):
@@ -558,39 +625,84 @@ def numerical_gradient(loss, value, entries, h=1e-6):
     return grad
 
 
-def check_layer(forward, backward, x, seed=0, **params):
-    """{input: max relative error} of backward(dout, saved) against central finite differences of
-    forward, for x and each parameter, in float64. The loss is the "fake loss" L = sum(out * dout)
-    for a fixed random dout: its gradient at out is exactly dout, so one backward gives every
-    dL/dinput, and finite differences of L check each entry. A backward of your own, checked so:
+# A broken backward's NaN or overflow makes a WRONG row, and no warning beside it.
+@np.errstate(all="ignore")
+def check_layer(forward, backward, x, seed=0, tolerance=1e-6, **params):
+    """[Row for x, then for each parameter]: backward(dout, saved) against central finite
+    differences of forward, in float64, each row ok or WRONG with its largest relative error and
+    the tolerance; one ERROR row if forward or backward raises. The loss is the "fake loss"
+    L = sum(out * dout) for a fixed random dout: its gradient at out is exactly dout, so one
+    backward gives every dL/dinput, and finite differences of L check each entry. A backward of
+    your own, checked so:
 
         def cube_forward(x):
             return x ** 3, x
         def cube_backward(dout, x):
             return dout * 3 * x ** 2, {}
-        check_layer(cube_forward, cube_backward, np.random.randn(4, 5))   # {'x': 3e-10}: right
+        check_layer(cube_forward, cube_backward, np.random.randn(4, 5))   # [x: ok (3.0e-10, ...)]
     """
-    out, saved = forward(x, **params)
-    dout = np.random.default_rng(seed).standard_normal(np.shape(out))
-    dx, dparams = backward(dout, saved)
+    try:
+        out, saved = forward(x, **params)
+        dout = np.random.default_rng(seed).standard_normal(np.shape(out))
+        dx, dparams = backward(dout, saved)
 
-    def loss():
-        return float(np.sum(forward(x, **params)[0] * dout))
+        def loss():
+            return float(np.sum(forward(x, **params)[0] * dout))
 
-    inputs = [(key, params[key], dparams[key]) for key in params]
-    if dx is not None:
-        inputs.insert(0, ("x", x, dx))
-    errors = {}
-    for name, value, grad in inputs:
-        numeric = numerical_gradient(loss, value, list(np.ndindex(value.shape)))
-        errors[name] = rel_error(grad, numeric.reshape(value.shape))
-    return errors
+        inputs = [(key, params[key], dparams[key]) for key in params]
+        if dx is not None:
+            inputs.insert(0, ("x", x, dx))
+        rows = []
+        for name, value, grad in inputs:
+            # A gradient of another shape could broadcast against the reference, unnoticed.
+            if np.shape(grad) != value.shape:
+                raise ValueError(f"d{name} has the shape {np.shape(grad)}, not {name}'s "
+                                 f"{value.shape}")
+            numeric = numerical_gradient(loss, value, list(np.ndindex(value.shape)))
+            rows.append(Row(name, rel_error(grad, numeric.reshape(value.shape)), tolerance))
+        return rows
+    except Exception as e:
+        return [Row("backward", raised=one_line(e))]
+
+
+@np.errstate(all="ignore")
+def check_model(block, switches, rng, tolerance=1e-6):
+    """Rows for every tensor of a 2-layer GPT of that block: 12 entries of each gradient against
+    finite differences, measured against the scale of its whole gradient; one ERROR row if the
+    model's forward or backward raises."""
+    B, T, C, nh, V = 2, 5, 8, 2, 7
+    targets = rng.integers(0, V, (B, T))
+    idx = rng.integers(0, V, (B, T))
+    config = GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=nh, n_embd=C, **switches)
+    # Gains and biases away from 1 and 0, where they would hide errors.
+    params = {name: w + 0.3 * rng.standard_normal(w.shape)
+              for name, w in init_params(config, seed=1, dtype=np.float64).items()}
+    model = GPT(config, params)
+    rows = []
+    try:
+        model.forward(idx, targets)
+        grads = model.backward()
+
+        def loss():
+            return model.forward(idx, targets)[1]
+
+        for name, w in params.items():
+            picked = rng.choice(w.size, min(w.size, 12), replace=False)
+            entries = [np.unravel_index(i, w.shape) for i in picked]
+            numeric = numerical_gradient(loss, w, entries)
+            analytic = np.array([grads[name][i] for i in entries])
+            error = rel_error(analytic, numeric, scale=np.abs(grads[name]).max())
+            rows.append(Row(f"model ({block}): {name}", error, tolerance))
+    except Exception as e:
+        rows.append(Row(f"model ({block}): backward", raised=one_line(e)))
+    return rows
 
 
 def check(tolerance=1e-6, log=print):
     """Checks every layer's backward alone, then the whole model's gradients for a GPT-2 and a Llama
-    block, against finite differences in float64. Logs one table (input or tensor, max relative
-    error, ok or WRONG); returns whether every one is ok."""
+    block, against finite differences in float64. Logs one table, every row to the end whatever
+    breaks: input or tensor, max relative error, ok, WRONG or ERROR. Returns whether every one is
+    ok."""
     rng = np.random.default_rng(0)
 
     def randn(*shape):
@@ -620,40 +732,60 @@ def check(tolerance=1e-6, log=print):
         ("rope", lambda x: rope_forward(x, cos, sin), rope_backward, randn(B, nh, T, C // nh), {}),
         ("embedding", embedding_forward, embedding_backward, idx, dict(weight=randn(V, C))),
     ]
+    log(f"{'layer input, or model tensor':44s} {'max rel. error':>14s}")
     rows = []
+
+    def show(new_rows):
+        for row in new_rows:
+            log(str(row))
+        rows.extend(new_rows)
+
     for name, forward, backward, x, params in layers:
-        for key, error in check_layer(forward, backward, x, **params).items():
-            rows.append((f"{name}: d{key}", error))
+        layer_rows = check_layer(forward, backward, x, tolerance=tolerance, **params)
+        for row in layer_rows:
+            row.name = f"{name}: d{row.name}" if row.raised is None else f"{name}: {row.name}"
+        show(layer_rows)
     gpt2 = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True)
     llama = dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False, tie_weights=False)
     for block, switches in (("gpt2", gpt2), ("llama", llama)):
-        model_config = GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=nh, n_embd=C,
-                                 **switches)
-        # Gains and biases away from 1 and 0, where they would hide errors.
-        params = {name: w + 0.3 * randn(*w.shape)
-                  for name, w in init_params(model_config, seed=1, dtype=np.float64).items()}
-        model = GPT(model_config, params)
-        model.forward(idx, targets)
-        grads = model.backward()
+        show(check_model(block, switches, rng, tolerance))
+    bad = [row for row in rows if row.verdict != "ok"]
+    wrong = sum(row.verdict == "WRONG" for row in rows)
+    errors = sum(row.verdict == "ERROR" for row in rows)
+    first = f": first {bad[0].name}" if bad else ""
+    log(f"{len(rows) - len(bad)} ok, {wrong} WRONG, {errors} ERROR{first}")
+    return not bad
 
-        def loss():
-            return model.forward(idx, targets)[1]
 
-        for name, w in params.items():
-            # 12 entries of each tensor, measured against the scale of its whole gradient.
-            picked = rng.choice(w.size, min(w.size, 12), replace=False)
-            entries = [np.unravel_index(i, w.shape) for i in picked]
-            numeric = numerical_gradient(loss, w, entries)
-            analytic = np.array([grads[name][i] for i in entries])
-            error = rel_error(analytic, numeric, scale=np.abs(grads[name]).max())
-            rows.append((f"model ({block}): {name}", error))
-    log(f"{'layer input, or model tensor':44s} {'max rel. error':>14s}")
-    for name, error in rows:
-        log(f"{name:44s} {error:14.1e}  {'ok' if error <= tolerance else 'WRONG'}")
-    wrong = [name for name, error in rows if not error <= tolerance]
-    first = f": first {wrong[0]}" if wrong else ""
-    log(f"{len(rows) - len(wrong)} ok, {len(wrong)} WRONG{first}")
-    return not wrong
+# --------------------------------------------------------------------------------------- workbook
+def exercises():
+    """The workbook, workbook.json beside this file: each exercise names a function here, a line of
+    it to change and how; its answer, the rows of --check that turn WRONG or ERROR, and why."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workbook.json")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def exercise_text(number, answer=False):
+    """Exercise number (from 1) as a learner reads it: what to change and the question; or, with
+    answer, which rows turn and why."""
+    found = exercises()
+    if not 1 <= number <= len(found):
+        raise ValueError(f"there are exercises 1 to {len(found)}")
+    ex = found[number - 1]
+    if not answer:
+        question = ("Predict, before you run it: which layer rows of python gpt_numpy.py --check "
+                    "turn WRONG (or ERROR), and which of the two models, gpt2 and llama, get rows "
+                    "that do? Then run the check on your copy.")
+        return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n"
+                f"In your copy of gpt_numpy.py, in {ex['function']}, change the line\n"
+                f"    {ex['change']}\nto\n    {ex['to']}\n\n{textwrap.fill(question, 96)}\n"
+                f"The answer: python gpt_numpy.py --exercise {number} --answer")
+    rows = ", ".join(f"{name} ({verdict})" for name, verdict in ex["rows"].items()) or "none"
+    models = ", ".join(f"{name} ({verdict})" for name, verdict in ex["models"].items()) or "neither"
+    why = textwrap.fill(f"Why: {ex['why']}.", 96)
+    return (f"Exercise {number}: {ex['title']}\nLayer rows that turn: {rows}.\n"
+            f"Models with rows that turn: {models}.\n{why}")
 
 
 # --------------------------------------------------------------------------------------- the demo
@@ -701,7 +833,26 @@ def main(argv=None):
                         help="training time (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="instead: check every gradient by finite differences")
+    parser.add_argument("--exercise", metavar="N",
+                        help="instead: show exercise N of the workbook (break a line of a "
+                             "backward, predict the rows of --check that turn), or list them: "
+                             "--exercise list")
+    parser.add_argument("--answer", action="store_true", help="with --exercise N: its answer")
     args = parser.parse_args(argv)
+    if args.answer and args.exercise in (None, "list"):
+        parser.error("--answer goes with --exercise N")
+    if args.exercise == "list":
+        for number, ex in enumerate(exercises(), 1):
+            print(f"{number:2d}. {ex['function']}: {ex['title']}")
+        return
+    if args.exercise is not None:
+        try:
+            print(exercise_text(int(args.exercise), args.answer))
+        except ValueError:
+            count = len(exercises())
+            sys.exit(f"error: --exercise takes a number from 1 to {count}, or list; not "
+                     f"{args.exercise!r}")
+        return
     # A character stdout cannot encode prints as an escape, not an error.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
