@@ -8,15 +8,19 @@
                                                 # transformers' generate (when it is installed)
     python bench.py --profile                   # where a training and a decode step's time goes
     python bench.py --quality 140 --data tinyshakespeare.txt   # val loss after 140 s of training
+    python bench.py --optimizers 90             # AdamW and Muon at equal wall time, one after the other
     python bench.py --json bench.json           # also write the figures, machine-readable
 
 A machine may be shared and drift in speed, so whatever is compared is timed interleaved, in rounds, and each figure
 is the median of its rounds. Machines differ 2-3x in speed: set a figure only beside one from the same run.
 """
+import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
+import math
 import os
 import signal
 import statistics
@@ -34,8 +38,10 @@ import gpt_numpy
 import train
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu")
-# nanoGPT's CPU recipe (its README: shakespeare_char at 4 layers, 128 wide, context 64, batch 12, no dropout; bias off)
+# nanoGPT's CPU recipe (its README: shakespeare_char at 4 layers, 128 wide, context 64, batch 12, no dropout; bias off),
+# trained here with AdamW as nanoGPT trains it, so that a step is set beside its own.
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False)
+RECIPE_OPTIMIZER = dict(optimizer="adamw")
 RECIPE_STEPS, RECIPE_EVALS, RECIPE_EVAL_ITERS, RECIPE_BATCH = 2000, 9, 20, 12  # evaluations at 0, 250, ..., 2000
 # nanoGPT's shakespeare_char model, the one its README samples from
 SAMPLING = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)
@@ -112,7 +118,7 @@ def bench_training(device, peaks, bf16):
     """ms per optimizer step at the default shape (also compiled) and at nanoGPT's CPU-recipe shape; MFU."""
     cuda = device.type == "cuda"
     default = gpt.TrainConfig(**(train.CUDA_DEFAULTS if cuda else {}))
-    recipe = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, batch_size=RECIPE_BATCH)
+    recipe = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, **RECIPE_OPTIMIZER, batch_size=RECIPE_BATCH)
     runs = {}
     for name, tc in ((f"default {device.type.upper()}", default), ("nanoGPT CPU-recipe shape", recipe)):
         config = tc.model_config(vocab_size=65)
@@ -171,8 +177,9 @@ def bench_twin(rounds=5):
 def load_nanogpt(folder):
     """nanoGPT's model.py, imported from folder at run time: it is timed beside this project, never copied into it."""
     path = os.path.join(folder, "model.py")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ValueError(f"no model.py in {folder}: pass --nanogpt the folder of nanoGPT's model.py")
+    cli.check_file(path, "nanoGPT's model.py", "--nanogpt the folder of", 16 << 20)
     spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -188,7 +195,7 @@ def versus_nanogpt(nano, device, rounds=5):
     backward, clipping and AdamW set-up), and each project's generate at nanoGPT's shakespeare_char model: filling a
     256 context from a 56-token prompt, then past a full context. Also the wall time of nanoGPT's recipe here."""
     quiet = contextlib.redirect_stdout(io.StringIO())  # nanoGPT prints its parameter count and optimizer groups
-    tc = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, batch_size=RECIPE_BATCH, learning_rate=1e-3)
+    tc = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, **RECIPE_OPTIMIZER, batch_size=RECIPE_BATCH, learning_rate=1e-3)
     data = batches(RECIPE["block_size"], RECIPE_BATCH, device, seed=1)
     torch.manual_seed(0)
     with quiet:
@@ -251,7 +258,8 @@ def profile_steps(device, steps=20, rows=8):
     decode steps with the KV cache: {what: [(op, ms per step, share of the step)]}, from torch.profiler's self time."""
     tables = {}
     for name, step in (("training, nanoGPT CPU-recipe shape", our_step(gpt.GPTConfig(**RECIPE, **GPT2_BLOCK),
-                                                                         gpt.TrainConfig(batch_size=RECIPE_BATCH),
+                                                                         gpt.TrainConfig(batch_size=RECIPE_BATCH,
+                                                                                         **RECIPE_OPTIMIZER),
                                                                          device)),
                        ("training, default CPU", our_step(gpt.GPTConfig(), gpt.TrainConfig(), device)),
                        ("sampling, a token after 150 with the KV cache (6x384)", decode_step(device))):
@@ -308,6 +316,37 @@ def bench_quality(seconds, data):
         sys.exit(128 + stopped)
     return dict(seconds=seconds, data=data, iters=trainer.it, val_loss=trainer.history[-1]["val"],
                 report=next(line for line in lines if line.startswith("what context buys")))
+
+
+@torch.no_grad()
+def fixed_val_loss(trainer, batches=100, seed=0):
+    """The mean loss of the model over a fixed, seeded set of val batches: the same batches for every run on the same
+    data and shapes."""
+    trainer.generator.manual_seed(seed)
+    model = trainer.model.eval()
+    total = 0.0
+    for _ in range(batches):
+        x, y = trainer.batch("val")
+        total += model(x, y)[1].item()
+    model.train()
+    return total / batches
+
+
+def bench_optimizers(seconds, data, optimizers=cli.CHOICES["optimizer"], **changes):
+    """Trains the default CPU config with each optimizer for `seconds` of wall time, one after the other in this
+    process on the same text; {optimizer: its steps, ms per step and val loss on a fixed set of 100 val batches}.
+    changes: other TrainConfig options, the same for every run."""
+    text = cli.read_text(data)
+    runs = {}
+    for optimizer in optimizers:
+        tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
+                                       eval_iters=1, device="cpu"), **changes, "optimizer": optimizer})
+        trainer = gpt.Trainer(tc, text, log=lambda *args: None)
+        for _ in trainer.steps():
+            pass
+        runs[optimizer] = dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000,
+                               val_loss=fixed_val_loss(trainer))
+    return runs
 
 
 ENCODE = """
@@ -385,6 +424,27 @@ def versus_transformers(rounds=3, prompt_tokens=16, new_tokens=32):
                 same_tokens=same, transformers=transformers.__version__, new_tokens=new_tokens)
 
 
+# What --optimizers itself sets: the time, and that the runs write nothing.
+NOT_SET = ("out_dir", "device", "max_time", "max_iters", "eval_interval", "eval_iters", "optimizer", "vocab_size")
+
+
+def train_option(text):
+    """An argparse type: OPTION=VALUE, an option of TrainConfig and a value its train.py flag takes, held to the same
+    rules (cli.LIMITS, cli.CHOICES)."""
+    name, _, value = text.partition("=")
+    kinds = {f.name: f.type for f in dataclasses.fields(gpt.TrainConfig) if f.name not in NOT_SET}
+    if name not in kinds:
+        raise argparse.ArgumentTypeError(f"{text!r}: --set takes OPTION=VALUE, OPTION one of {', '.join(kinds)}")
+    if kinds[name] is bool:
+        return name, cli.parse_bool(value)
+    if name in cli.CHOICES and value not in cli.CHOICES[name]:
+        raise argparse.ArgumentTypeError(f"{name} must be one of {', '.join(cli.CHOICES[name])}, got {value}")
+    if name in cli.CHOICES:
+        return name, value
+    low, high = cli.LIMITS.get(name, (-math.inf, math.inf))
+    return name, cli.number(kinds[name], lambda v: low <= v < high, f"in [{low}, {high})")(value)
+
+
 def main():
     parser = cli.Parser(description="Benchmark gpt.py on this machine.")
     parser.add_argument("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
@@ -393,7 +453,15 @@ def main():
                         help="instead: greedy sampling at GPT-2 small's shape beside transformers' generate")
     parser.add_argument("--quality", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
                         help="instead: train the default CPU config this long and report its val loss")
-    parser.add_argument("--data", default="input.txt", help="text for --quality (default: %(default)s)")
+    parser.add_argument("--optimizers", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
+                        metavar="SECONDS", help="instead: train the default CPU config this long with each optimizer, "
+                                                "one after the other, and compare their val losses")
+    parser.add_argument("--data", default="input.txt", help="text for --quality and --optimizers (default: "
+                                                            "%(default)s)")
+    parser.add_argument("--only", choices=cli.CHOICES["optimizer"], help="with --optimizers: run this one alone")
+    parser.add_argument("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
+                        help="with --optimizers: an option of train.py for every run, as its flag takes it "
+                             "(--set muon_lr=0.02); again for more")
     parser.add_argument("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only "
                                                         "(default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
@@ -411,8 +479,29 @@ def main():
         q = figures["quality"] = bench_quality(args.quality, args.data)
         print(f"{q['seconds']:.0f} s of training on {q['data']}: {q['iters']} iterations, val loss {q['val_loss']:.4f}")
         print(q["report"])
+    elif args.optimizers:
+        changes = dict(args.set)
+        runs = figures["optimizers"] = bench_optimizers(args.optimizers, args.data,
+                                                        (args.only,) if args.only else cli.CHOICES["optimizer"],
+                                                        **changes)
+        default = gpt.TrainConfig().optimizer
+        print(f"{args.optimizers:.0f} s of training each on {args.data}, the default CPU config, one after the other; "
+              f"val loss on the same 100 val batches:")
+        for name, run in runs.items():
+            print(f"  {name:6s} {run['iters']:6d} steps {run['ms_per_iter']:6.1f} ms/step  val loss "
+                  f"{run['val_loss']:.4f}" + ("  (the default)" if name == default else ""))
+        if len(runs) == 2:
+            other = next(name for name in runs if name != default)
+            print(f"{default} - {other}: {runs[default]['val_loss'] - runs[other]['val_loss']:+.4f}")
     elif args.nanogpt:
-        v = figures["versus_nanogpt"] = versus_nanogpt(load_nanogpt(args.nanogpt), device)
+        nano = load_nanogpt(args.nanogpt)
+        try:
+            v = figures["versus_nanogpt"] = versus_nanogpt(nano, device)
+        # Another project's model.py: its GPT takes other arguments, or returns other things.
+        except (TypeError, AttributeError, ValueError, IndexError, KeyError, RuntimeError) as e:
+            raise ValueError(f"the GPT of {args.nanogpt}/model.py does not run as nanoGPT's does "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): pass "
+                             f"--nanogpt the folder of nanoGPT's model.py") from None
         print(f"beside nanoGPT's model.py from {args.nanogpt}, interleaved in this run, medians:")
         print(f"{'':58s} {'this project':>13s} {'nanoGPT':>9s} {'ratio':>6s}")
         for label, key, unit, faster in (

@@ -76,20 +76,31 @@ LIMITS = {**dict.fromkeys(["block_size", "n_layer", "n_head", "n_embd", "max_ite
           **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"],
                           (0, math.inf)),
           "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32),
-          "vocab_size": (1, MAX_VOCAB + 1)}
+          "vocab_size": (1, MAX_VOCAB + 1), "muon_lr": (1e-9, 1), "muon_momentum": (0, 1)}
+
+
+# The values of each option that names one: the model's switches, and the optimizer.
+CHOICES = {**gpt.CHOICES, "optimizer": ("adamw", "muon")}
 
 
 # ---------------------------------------------------------------------------------------------- input
-def check_file(path, what, flag):
-    """Refuses, in one line, a path that is missing or is not a regular file (a folder; a device
-    or a pipe, which could be read forever)."""
+def check_file(path, what, flag, largest=None):
+    """The size of the file at path, which every file the project reads from outside passes first:
+    refused in one line if it is missing, not a regular file (a folder; a device or a pipe, which
+    could be read forever or block for good) or, when largest is given, larger than that."""
+    # The advice: pass the flag another file; none for a file inside a folder given (GPT-2's).
+    advice = f": pass {flag} a file" if flag else ""
     try:
-        mode = os.stat(path).st_mode
+        found = os.stat(path)
     except OSError as e:
-        raise ValueError(f"cannot read {what} {path} ({e.strerror}): pass {flag} a file") from None
-    if not stat.S_ISREG(mode):
-        reason = "it is a folder" if stat.S_ISDIR(mode) else "it is not a regular file"
-        raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a file")
+        raise ValueError(f"cannot read {what} {path} ({e.strerror}){advice}") from None
+    if not stat.S_ISREG(found.st_mode):
+        reason = "it is a folder" if stat.S_ISDIR(found.st_mode) else "it is not a regular file"
+        raise ValueError(f"cannot read {what} {path} ({reason}){advice}")
+    if largest is not None and found.st_size > largest:
+        raise ValueError(f"cannot read {what} {path} (it has {found.st_size:,} bytes, more than the "
+                         f"{largest:,} such a file can have){advice}")
+    return found.st_size
 
 
 def read_text(path, what="the data file", flag="--data"):
@@ -141,9 +152,12 @@ def encode_file(path, chars=None, what="the data file", flag="--data"):
 
     It reads the text twice, a chunk at a time: once to find its characters, once to map them to
     ids through a table indexed by Unicode number. The memory it needs is the ids' and one chunk's.
+    A text changed between the two readings is refused, never trained on as a mix of both.
     """
     check_file(path, what, flag)
+    changed = f"{what} {path} changed while it was read: pass {flag} a text that stays as it is"
     try:
+        before = os.stat(path)
         seen = np.zeros(sys.maxunicode + 1, dtype=bool)
         length = 0
         for text in text_chunks(path):
@@ -160,8 +174,15 @@ def encode_file(path, chars=None, what="the data file", flag="--data"):
         ids = np.empty(length, dtype=table.dtype)
         start = 0
         for text in text_chunks(path):
-            ids[start:start + len(text)] = table[code_points(text)]
+            points = code_points(text)
+            # A character not found the first time would become id 0; more text would not fit.
+            if start + len(text) > length or not seen[points].all():
+                raise ValueError(changed)
+            ids[start:start + len(text)] = table[points]
             start += len(text)
+        after = os.stat(path)
+        if start != length or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            raise ValueError(changed)
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
         raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a UTF-8 text file") from None
@@ -216,21 +237,38 @@ class DataFile:
     dtype: str = "uint16"
 
 
-def read_data(data, chars=None, tokenizer=None):
-    """(data, tokenizer) for gpt.Trainer, from a DataFile, a text or token ids. A text is one token
-    per character (in chars, a checkpoint's, when given), or GPT-2's tokens when tokenizer is
-    GPT-2's; a .bin file is token ids, which stay on disk."""
-    if isinstance(data, DataFile) and data.path.endswith(".bin"):
-        return read_ids(data.path, data.dtype), tokenizer
-    if tokenizer is not None:
+class Named:
+    """The tokenizer of a checkpoint that records only its name (one of the user's own): a run
+    resumed on its token ids keeps the name for its next checkpoint; nothing here can use it."""
+
+    def __init__(self, name, vocab_size):
+        self.name = name
+        self.vocab_size = vocab_size
+
+    def encode(self, text):
+        raise ValueError(f"the tokenizer {self.name!r} is the user's own, not here: give its token "
+                         f"ids (--data FILE.bin), or use it from Python")
+
+    def decode(self, ids):
+        self.encode("")
+
+
+def read_data(data, tokenizer=None):
+    """(data, tokenizer) for gpt.Trainer, from a DataFile, a text or token ids. tokenizer, when
+    given, is the run's (a checkpoint's, or GPT-2's) and stays the run's whatever the data: a text
+    is read with it (a CharTokenizer's characters, GPT-2's tokens). Without one, a text is one
+    token per character of its own. A .bin file is token ids, which stay on disk."""
+    if is_ids(data):
+        ids = read_ids(data.path, data.dtype) if isinstance(data, DataFile) else data
+        return ids, tokenizer
+    chars = getattr(tokenizer, "chars", None)
+    if tokenizer is not None and chars is None:
         text = read_text(data.path) if isinstance(data, DataFile) else data
         ids = tokenizer.encode(text)
         return np.array(ids, dtype=smallest_dtype(tokenizer.vocab_size)), tokenizer
     if isinstance(data, DataFile):
         ids, chars = encode_file(data.path, chars)
         return ids, gpt.CharTokenizer(chars)
-    if not isinstance(data, str):
-        return data, None
     unknown = "".join(sorted(set(data) - set(chars or data)))
     if unknown:
         raise ValueError(f"the text has characters the checkpoint never saw ({unknown!r}): resume on "
@@ -296,7 +334,8 @@ def recorded_options(ckpt, path, advice):
             value = float(value)
         low, high = LIMITS.get(name, (None, None))
         in_range = low is None or (type(value) is not str and low <= value < high)
-        if type(value) is not types[name] or not in_range:
+        allowed = value in CHOICES.get(name, (value,))
+        if type(value) is not types[name] or not in_range or not allowed:
             raise ValueError(f"{path} records {name} = {value!r}, which no run could have: it is "
                              f"damaged or hand-made; {advice}")
         options[name] = value
@@ -319,11 +358,13 @@ def keep_model_options(tc, config, given, why, log):
 
 
 def restore(trainer, ckpt):
-    """Puts trainer where the checkpoint's run stood: the optimizer's moments come back, its
-    hyperparameters (weight decay, betas) stay this run's, as trainer.tc sets them; then the step,
-    the clock, the evaluations and the random states."""
-    own = trainer.optimizer.state_dict()["param_groups"]
-    trainer.optimizer.load_state_dict({"state": ckpt["optimizer"]["state"], "param_groups": own})
+    """Puts trainer where the checkpoint's run stood: each optimizer's state (AdamW's moments,
+    Muon's momentum) comes back, while their hyperparameters (learning rate, weight decay, betas)
+    stay this run's, as trainer.tc sets them; then the step, the clock, the evaluations and the
+    random states."""
+    for optimizer, saved in zip(trainer.optimizers, ckpt["optimizers"], strict=True):
+        own = optimizer.state_dict()["param_groups"]
+        optimizer.load_state_dict({"state": saved["state"], "param_groups": own})
     trainer.it = ckpt["iter"]
     trainer.elapsed = ckpt["elapsed"]
     trainer.history = ckpt["history"]
@@ -331,11 +372,37 @@ def restore(trainer, ckpt):
     trainer.generator.set_state(ckpt["rng"]["batches"])
 
 
+# What each optimizer keeps for a parameter: the names of its state, each True when it has the
+# parameter's shape and type, False for a number (a tensor of no dimension).
+OPTIMIZER_STATE = {"AdamW": {"exp_avg": True, "exp_avg_sq": True, "step": False},
+                   "Muon": {"momentum_buffer": True}}
+
+
+def state_fits(optimizer, saved):
+    """Whether saved, an optimizer's state_dict() as a checkpoint holds it, is one that optimizer
+    can step on: a state for some of its parameters, each of the names, shapes and types it keeps."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    kept = OPTIMIZER_STATE[type(optimizer).__name__]
+    ids = [i for group in saved["param_groups"] for i in group["params"]]
+    if sorted(ids) != list(range(len(params))) or not set(saved["state"]) <= set(ids):
+        return False
+    for i, state in saved["state"].items():
+        if sorted(state) != sorted(kept):
+            return False
+        for name, like_param in kept.items():
+            shape = params[i].shape if like_param else ()
+            dtype = params[i].dtype if like_param else state[name].dtype
+            if not (torch.is_tensor(state[name]) and state[name].is_floating_point()
+                    and state[name].shape == shape and state[name].dtype == dtype):
+                return False
+    return True
+
+
 def check_resumable(ckpt, trainer, path, advice="train without --resume"):
     """What a checkpoint brings to resume (or to rebuild its report), checked against the model
-    before AdamW ever steps on it: a moment of the wrong shape makes the fused AdamW write out of
-    bounds. A message that refuses it ends with advice."""
-    missing = [key for key in ("optimizer", "iter", "elapsed", "rng", "history") if key not in ckpt]
+    before an optimizer ever steps on it: a moment of the wrong shape makes the fused AdamW write
+    out of bounds. A message that refuses it ends with advice."""
+    missing = [key for key in ("optimizers", "iter", "elapsed", "rng", "history") if key not in ckpt]
     if missing:
         raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; "
                          f"{advice}")
@@ -345,15 +412,10 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
         raise ValueError(f"{wrong}: iteration {iteration!r}; {advice}")
     if not finite(ckpt["elapsed"], 0):
         raise ValueError(f"{wrong}: {ckpt['elapsed']!r} seconds of training; {advice}")
-    params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
     try:
-        saved = ckpt["optimizer"]["state"]
-        groups = ckpt["optimizer"]["param_groups"]
-        ids = [i for group in groups for i in group["params"]]
-        fits = sorted(ids) == list(range(len(params))) and all(
-            sorted(saved[i]) == ["exp_avg", "exp_avg_sq", "step"]
-            and saved[i]["step"].shape == () and saved[i]["exp_avg"].shape == params[i].shape
-            and saved[i]["exp_avg_sq"].shape == params[i].shape for i in saved)
+        saved = ckpt["optimizers"]
+        fits = len(saved) == len(trainer.optimizers) and all(
+            state_fits(optimizer, state) for optimizer, state in zip(trainer.optimizers, saved))
         # Each evaluation: its step, its clock and learning rate, and its finite losses, which the
         # report draws.
         fits = fits and all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER
@@ -362,7 +424,7 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
     except (KeyError, TypeError, AttributeError, IndexError):
         fits = False
     if not fits:
-        raise ValueError(f"{wrong}: AdamW's moments or the evaluations; {advice}")
+        raise ValueError(f"{wrong}: the optimizers' states or the evaluations; {advice}")
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -376,6 +438,9 @@ def printable_stdout():
 def silence_stdout():
     """Flushes what stdout can still take, then points it at /dev/null, so that later prints, and
     the flush at exit, no longer fail (a reader gone away, a full disk)."""
+    # Started with stdout closed (python sample.py >&-): there is nothing to silence.
+    if sys.stdout is None:
+        return
     try:
         sys.stdout.flush()
     except OSError:
@@ -419,6 +484,9 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     # C++'s std::bad_alloc.
     if isinstance(error, MemoryError) or "memory" in text.lower() or "bad_alloc" in text:
         return f"out of memory ({first or type(error).__name__}): {advice}"
+    # An OSError made here, (errno, message): the message, without its "[Errno N]".
+    if isinstance(error, OSError) and error.strerror and error.filename is None:
+        return error.strerror.splitlines()[0]
     if isinstance(error, (ValueError, OSError)):
         return first
     # torch.compile's, with --compile.

@@ -11,7 +11,9 @@ Neither tiktoken, transformers nor huggingface_hub is a requirement: each is use
 import json
 import math
 import os
+import pickle
 import struct
+import warnings
 
 import torch
 
@@ -63,32 +65,90 @@ def from_state_dict(state_dict, n_head=None):
     return model
 
 
+# The largest header a .safetensors file may have, by the format's own rule.
+HEADER_LIMIT = 100_000_000
+# GPT-2's config.json has a few hundred bytes, its tokenizer's files a few MB.
+CONFIG_LIMIT = 1_000_000
+TOKENIZER_LIMIT = 100_000_000
+
+
+def unique_names(pairs):
+    """json.loads' object_pairs_hook: a dict, refused when a name comes twice (JSON keeps the last)."""
+    names = [name for name, _ in pairs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"the name {twice[0]!r} comes twice")
+    return dict(pairs)
+
+
 def read_safetensors(path):
     """The tensors of a .safetensors file, read with torch alone. The format: 8 bytes, the header's
     length as a little-endian integer; the header, JSON, {name: {"dtype", "shape", "data_offsets":
-    [begin, end]}} with offsets counted from the header's end; then the tensors' bytes."""
+    [begin, end]}} with offsets counted from the header's end; then the tensors' bytes, which must
+    follow each other without a gap or an overlap and fill the rest of the file. Each rule broken
+    is a ValueError of one line."""
+    size = cli.check_file(path, "GPT-2's weights", None)
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        (header_size,) = struct.unpack("<Q", f.read(8).ljust(8, b"\xff"))
-        if header_size > size - 8:
+        start = f.read(8)
+        header_size = struct.unpack("<Q", start)[0] if len(start) == 8 else size
+        if header_size > min(size - 8, HEADER_LIMIT):
             raise ValueError(f"{path} is cut short, or not a .safetensors file: its header would end "
-                             f"past its {size} bytes")
-        header = json.loads(f.read(header_size))
+                             f"past its {size:,} bytes, or pass the format's 100 MB")
+        try:
+            header = json.loads(f.read(header_size), object_pairs_hook=unique_names)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is damaged: its header is not JSON with unique names ({e})")
+        if not isinstance(header, dict):
+            raise ValueError(f"{path} is damaged: its header is not a JSON object")
         header.pop("__metadata__", None)
-        tensors = {}
+        data_size = size - 8 - header_size
+        spans = []
         for name, entry in header.items():
-            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-            begin, end = entry["data_offsets"]
-            nbytes = math.prod(entry["shape"]) * dtype.itemsize
-            if end - begin != nbytes or 8 + header_size + end > size:
-                raise ValueError(f"{path} is cut short or damaged: tensor {name} does not fit in it")
+            spans.append((*tensor_span(path, name, entry, data_size), name))
+        # Sorted by where they begin, each tensor's bytes start where the one before ends.
+        spans.sort(key=lambda span: span[:2])
+        end_before = 0
+        for begin, end, dtype, shape, name in spans:
+            if begin != end_before:
+                where = "overlap the tensor before" if begin < end_before else "leave a gap after"
+                raise ValueError(f"{path} is damaged: the bytes of tensor {name} {where} them")
+            end_before = end
+        if end_before != data_size:
+            raise ValueError(f"{path} is cut short or damaged: its tensors end at byte "
+                             f"{end_before:,} of its {data_size:,} bytes of data")
+        tensors = {}
+        for begin, end, dtype, shape, name in spans:
             f.seek(8 + header_size + begin)
-            tensors[name] = torch.empty(entry["shape"], dtype=dtype)
+            tensors[name] = torch.empty(shape, dtype=dtype)
             # torch.frombuffer needs a writable buffer, and one byte at least.
-            if nbytes:
-                data = bytearray(f.read(nbytes))
-                tensors[name] = torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
+            if end > begin:
+                data = bytearray(f.read(end - begin))
+                tensors[name] = torch.frombuffer(data, dtype=dtype).reshape(shape)
     return tensors
+
+
+def tensor_span(path, name, entry, data_size):
+    """(begin, end, dtype, shape) of the tensor name of a .safetensors header, held to the format:
+    a type it has, a shape of whole numbers, and a byte range inside the data whose length is the
+    shape's size times the type's."""
+    damaged = f"{path} is damaged: tensor {name}"
+    if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:
+        raise ValueError(f"{damaged} has no type of the format's")
+    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+        raise ValueError(f"{damaged} has the shape {shape!r}, not a list of whole numbers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)):
+        raise ValueError(f"{damaged} has the offsets {offsets!r}, not two whole numbers")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        raise ValueError(f"{damaged} lies at bytes {begin} to {end}, outside its {data_size:,} bytes "
+                         f"of data")
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"{damaged} has {end - begin:,} bytes for {math.prod(shape):,} values of "
+                         f"{dtype.itemsize} bytes")
+    return begin, end, dtype, shape
 
 
 def folder_of(source):
@@ -112,27 +172,61 @@ def folder_of(source):
                          f"pass --init_from the folder of a download instead") from None
 
 
+def config_size(config, name):
+    """The number config.json gives for name, refused unless a whole number of at least 1 (not 2.0,
+    null or true)."""
+    value = config.get(name)
+    if type(value) is not int or value < 1:
+        raise ValueError(f"its config.json gives {name} = {json.dumps(value)}, not a whole number of "
+                         f"at least 1")
+    return value
+
+
+def read_weights(folder):
+    """The state dict in folder's model.safetensors, else its pytorch_model.bin, read as tensors
+    alone: a .bin that holds code or other objects is not loaded."""
+    safetensors = os.path.join(folder, "model.safetensors")
+    if os.path.exists(safetensors):
+        return read_safetensors(safetensors)
+    path = os.path.join(folder, "pytorch_model.bin")
+    cli.check_file(path, "GPT-2's weights", None)
+    try:
+        # An old raw pickle adds warnings of torch's own: the one line below says all there is.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            weights = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path} holds code or objects, not only tensors, so it is not "
+                         f"loaded") from None
+    if not (isinstance(weights, dict) and all(torch.is_tensor(w) for w in weights.values())):
+        raise ValueError(f"{path} holds no state dict of tensors")
+    return weights
+
+
 def load(source, device=""):
     """GPT-2's weights in a gpt.GPT in eval mode, on device, from source: a folder as transformers'
     save_pretrained or huggingface-cli download leaves it (config.json with model.safetensors or
-    pytorch_model.bin), or a name of SIZES. Everything amiss is one line."""
+    pytorch_model.bin), or a name of SIZES. Its files are held to their formats, and everything
+    amiss is one line."""
     device = cli.usable_device(str(device))
     folder = folder_of(source)
     try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        path = os.path.join(folder, "config.json")
+        cli.check_file(path, "GPT-2's config", None, CONFIG_LIMIT)
+        with open(path, encoding="utf-8") as f:
             config = json.load(f)
-        safetensors = os.path.join(folder, "model.safetensors")
-        if os.path.isfile(safetensors):
-            weights = read_safetensors(safetensors)
-        else:
-            weights = torch.load(os.path.join(folder, "pytorch_model.bin"), map_location="cpu",
-                                 weights_only=True)
-        if config.get("model_type") != "gpt2":
-            raise ValueError(f"its config.json is of a {config.get('model_type')!r} model, not gpt2")
-        model = from_state_dict(weights, n_head=config["n_head"])
+        if not isinstance(config, dict) or config.get("model_type") != "gpt2":
+            kind = config.get("model_type") if isinstance(config, dict) else None
+            raise ValueError(f"its config.json is of a {kind!r} model, not gpt2")
         # The tensors set the model; config.json must tell the same story.
-        said = {"n_layer": config["n_layer"], "n_embd": config["n_embd"],
-                "block_size": config["n_positions"], "vocab_size": config["vocab_size"]}
+        said = {"n_layer": "n_layer", "n_embd": "n_embd", "block_size": "n_positions",
+                "vocab_size": "vocab_size"}
+        said = {name: config_size(config, key) for name, key in said.items()}
+        n_head = config_size(config, "n_head")
+        weights = read_weights(folder)
+        if not all(w.isfinite().all() for w in weights.values() if w.is_floating_point()):
+            raise ValueError("its weights hold NaN or inf: the file is damaged")
+        model = from_state_dict(weights, n_head=n_head)
         differ = [f"{name} {value} (the tensors' {getattr(model.config, name)})"
                   for name, value in said.items() if value != getattr(model.config, name)]
         if differ:
@@ -169,16 +263,17 @@ class Tokenizer:
 
 
 def tokenizer(folder=None):
-    """GPT-2's tokenizer, loaded now (tiktoken's, else transformers', from folder when it holds the
-    tokenizer's files), or a ValueError in one line that says what to install."""
+    """GPT-2's tokenizer, loaded now: tiktoken's, else transformers' from folder's files or its own
+    cache; or a ValueError of one line that says what to install or fetch."""
     found = Tokenizer(folder)
     found.backend()
     return found
 
 
 def load_tokenizer(folder=None):
-    """(encode, decode) of GPT-2's tokenizer: tiktoken's, else transformers' (from folder when it
-    holds the tokenizer's files, else from the hub)."""
+    """(encode, decode) of GPT-2's tokenizer: tiktoken's, else transformers', from the files in
+    folder or else in transformers' cache. Nothing is downloaded that was not asked for: a name
+    given to gpt2.load (or --init_from) fetches the tokenizer's files with the weights."""
     try:
         import tiktoken
     except ImportError:
@@ -189,26 +284,44 @@ def load_tokenizer(folder=None):
         except Exception as e:
             raise ValueError(f"tiktoken could not load GPT-2's tokenizer ({type(e).__name__}: "
                              f"{str(e).strip()[:200]})") from None
-        return encoding.encode_ordinary, encoding.decode
+        return checked(encoding.encode_ordinary, encoding.decode, "tiktoken's")
     try:
         from transformers import GPT2TokenizerFast
     except ImportError:
         raise ValueError("GPT-2's tokens need tiktoken or transformers, and neither is installed: "
                          "pip install tiktoken") from None
-    has_files = folder and os.path.isfile(os.path.join(folder, "vocab.json"))
+    files = [os.path.join(folder or "", name) for name in ("vocab.json", "merges.txt")]
+    has_files = folder is not None and all(os.path.exists(path) for path in files)
+    for path in files if has_files else []:
+        cli.check_file(path, "GPT-2's tokenizer", None, TOKENIZER_LIMIT)
+    where = folder if has_files else "transformers' cache"
     try:
-        found = GPT2TokenizerFast.from_pretrained(folder if has_files else "gpt2")
-    except Exception as e:
-        raise ValueError(f"transformers could not load GPT-2's tokenizer ({type(e).__name__}: "
-                         f"{str(e).strip()[:200]})") from None
-    return found.encode, found.decode
+        found = GPT2TokenizerFast.from_pretrained(folder if has_files else "gpt2",
+                                                  local_files_only=True)
+    except Exception:
+        raise ValueError(f"GPT-2's tokenizer files (vocab.json, merges.txt) are not in {where}: pip "
+                         f"install tiktoken, or fetch them with huggingface-cli download gpt2 "
+                         f"vocab.json merges.txt") from None
+    return checked(found.encode, found.decode, f"transformers' from {where}")
+
+
+def checked(encode, decode, which):
+    """(encode, decode), refused in one line when encode turns a text into nothing, as a tokenizer
+    whose files are missing can."""
+    if not encode("To be, or not to be"):
+        raise ValueError(f"GPT-2's tokenizer ({which}) encodes text to nothing: its files "
+                         f"(vocab.json, merges.txt) are missing or empty")
+    return encode, decode
 
 
 def tokenizer_of(ckpt, chars_tokenizer, folder=None):
-    """The tokenizer a checkpoint was trained with: its characters', GPT-2's, or None for one it
-    only names (the user keeps theirs)."""
+    """The tokenizer a checkpoint was trained with: its characters', GPT-2's, a cli.Named for one of
+    the user's own that it only names, or None for ids of no tokenizer."""
+    name = ckpt.get("tokenizer")
     if chars_tokenizer is not None:
         return chars_tokenizer
-    if ckpt.get("tokenizer") == Tokenizer.name:
+    if name == Tokenizer.name:
         return Tokenizer(folder)
-    return None
+    if name is None:
+        return None
+    return cli.Named(name, ckpt["config"]["vocab_size"])

@@ -31,14 +31,15 @@ def loss_by_position(trainer):
     """The mean val loss at each position of eval_iters batches, (block_size,): what each token
     more of context buys."""
     trainer.model.eval()
-    losses = []
+    # A running sum: the memory of one batch, however many there are.
+    total = torch.zeros(trainer.tc.block_size, device=trainer.device)
     for _ in range(trainer.tc.eval_iters):
         x, y = trainer.batch("val")
         with trainer.amp:
-            logits = trainer.model(x)[0].float()  # (B, T, vocab_size)
-        losses.append(F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(0))  # (T,)
+            logits, _ = trainer.model(x)
+        total += F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").mean(0)  # (T,)
     trainer.model.train()
-    return torch.stack(losses).mean(0)
+    return (total / trainer.tc.eval_iters).cpu()
 
 
 def queries_keys_values(attn, x, rope=None):
@@ -355,10 +356,16 @@ def page(trainer, by_position, sample, figures):
 
 
 def write(trainer, path, by_position, sample, figures):
-    """Writes the report to path, whole or not at all (a temporary file renamed over it); returns
+    """Writes the report to path, whole or not at all: a temporary file of this process's own name,
+    so that two writers never share one, renamed over path, and removed if anything fails. Returns
     path."""
     text = page(trainer, by_position, sample, figures)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path

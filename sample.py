@@ -73,9 +73,14 @@ def encode_prompt(tokenizer, start):
     return tokenizer.encode(start)
 
 
+# The most tokens held back while their text ends inside a character: a few bytes' worth.
+HELD_BACK = 8
+
+
 def print_samples(model, tokenizer, start, args, device):
-    """Streams num_samples samples after start. Each token's text is printed as soon as it is whole:
-    one of GPT-2's tokens may end inside a character's UTF-8 bytes, which the next one completes."""
+    """Streams num_samples samples after start. Each token's text is printed as soon as it is whole,
+    at the same cost per token at any length: one of GPT-2's tokens may end inside a character's
+    UTF-8 bytes, which the next one completes, so such tokens wait for it."""
     prompt = torch.tensor([encode_prompt(tokenizer, start)], dtype=torch.long, device=device)
     generator = torch.Generator(device).manual_seed(args.seed)
     for i in range(args.num_samples):
@@ -85,15 +90,15 @@ def print_samples(model, tokenizer, start, args, device):
             # The arguments are checked here, before anything is printed.
             first = next(tokens)
             print(("" if i == 0 else "\n---------------\n") + start, end="", flush=True)
-            ids = []
-            printed = ""
+            # The tokens drawn and not yet printed.
+            waiting = []
             for token in itertools.chain([first], tokens):
-                ids += token[0].tolist()
-                text = tokenizer.decode(ids)
-                if not text.endswith("\ufffd"):
-                    print(text[len(printed):], end="", flush=True)
-                    printed = text
-            print(text[len(printed):], end="", flush=True)
+                waiting += token[0].tolist()
+                text = tokenizer.decode(waiting)
+                if not text.endswith("\ufffd") or len(waiting) >= HELD_BACK:
+                    print(text, end="", flush=True)
+                    waiting = []
+            print(tokenizer.decode(waiting), end="", flush=True)
     print(flush=True)
 
 
@@ -104,22 +109,29 @@ def write_report(model, tokenizer, ckpt, path, args, device):
     tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
     # The model's own options, and a context no longer than its own.
     tc = cli.keep_model_options(tc, model.config, {}, "--report", print)
-    chars = getattr(tokenizer, "chars", None)
-    data, tokenizer = cli.read_data(cli.DataFile(args.data, args.dtype), chars,
-                                    None if chars else tokenizer)
+    data, tokenizer = cli.read_data(cli.DataFile(args.data, args.dtype), tokenizer)
     trainer = gpt.Trainer(tc, data, tokenizer, model.train(), log=lambda *a: None)
     cli.check_resumable(ckpt, trainer, path, advice)
     cli.restore(trainer, ckpt)
     if not trainer.history:
         raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)
-    page = report.write(trainer, os.path.join(args.out_dir, "report.html"),
-                        report.loss_by_position(trainer), report.closing_sample(trainer), figures)
+    path = os.path.join(args.out_dir, "report.html")
+    by_position = report.loss_by_position(trainer)
+    try:
+        page = report.write(trainer, path, by_position, report.closing_sample(trainer), figures)
+    except OSError as e:
+        raise ValueError(f"cannot write {path} ({e.strerror}): the report was not written; the "
+                         f"checkpoint is as it was") from None
     print(f"wrote {page}: open it in a browser")
 
 
 def main(argv=None):
     args = parse_args(argv)
+    # Started with its output closed (python sample.py >&-), print() would print nothing, silently.
+    if sys.stdout is None and not args.report:
+        sys.exit("error: standard output is closed, so the samples have nowhere to go: run sample.py "
+                 "with its output open (to a file: > samples.txt)")
     cli.printable_stdout()
     try:
         device = cli.usable_device(args.device)
@@ -135,7 +147,7 @@ def main(argv=None):
             tokenizer = gpt2.tokenizer_of(ckpt, tokenizer)
         if args.report:
             return write_report(model, tokenizer, ckpt, path, args, device)
-        if tokenizer is None:
+        if tokenizer is None or isinstance(tokenizer, cli.Named):
             raise ValueError(f"{path} was trained on token ids of a tokenizer it only names "
                              f"({ckpt.get('tokenizer')}), so it cannot be decoded here: sample it from "
                              f"Python with your tokenizer (the README shows how)")
