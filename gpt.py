@@ -1,7 +1,8 @@
 """A GPT in one file of PyTorch: the tokenizer, the model, sampling, training, checkpoints.
 
 Read it top to bottom: CharTokenizer, GPTConfig, the layers, GPT with its sampling, devices and
-checkpoints, then the training: TrainConfig, AdamW and its schedule, train_step, Trainer, train.
+checkpoints, then the training: TrainConfig, the optimizers (Muon and AdamW) and their schedule,
+train_step, Trainer, train.
 It imports only torch and the standard library, and importing it does nothing.
 """
 import math
@@ -396,10 +397,16 @@ class TrainConfig(GPTConfig):
     min_lr: float = 3e-4
     # Steps of linear warmup.
     warmup_iters: int = 100
-    # AdamW weight decay, on matrices only.
+    # Weight decay, on matrices only.
     weight_decay: float = 0.1
     # AdamW beta2: a shorter memory than the usual 0.999 suits small batches of characters.
     beta2: float = 0.99
+    # adamw, or muon: Muon for the blocks' matrices, AdamW for the embeddings, gains and biases.
+    optimizer: str = "muon"
+    # Muon's peak learning rate, on learning_rate's schedule.
+    muon_lr: float = 0.01
+    # Muon's momentum.
+    muon_momentum: float = 0.95
     # Clip the gradient norm to this (0: off).
     grad_clip: float = 1.0
     # Random seed.
@@ -413,17 +420,27 @@ class TrainConfig(GPTConfig):
         return GPTConfig(**{**options, **changes})
 
 
-def configure_optimizer(model, tc, device_type="cpu"):
-    """AdamW with tc's learning rate, beta2 and weight decay, the decay on the matrices alone;
-    fused, one kernel for all of them, on CPU and CUDA."""
+def configure_optimizers(model, tc, device_type="cpu"):
+    """[AdamW], or [AdamW, Muon] with tc.optimizer "muon": Muon for the 2-D weights of the blocks,
+    AdamW for the rest, fused (one kernel for all its tensors) on CPU and CUDA."""
+    if tc.optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer must be adamw or muon, not {tc.optimizer!r}")
+    # Muon orthogonalises each matrix's update, so that all its directions move alike; embeddings
+    # and the output layer, which see one row per token, stay with AdamW.
+    muon = [p for n, p in model.named_parameters()
+            if tc.optimizer == "muon" and n.startswith("h.") and p.dim() == 2]
+    rest = [p for p in model.parameters() if all(p is not q for q in muon)]
     # Decay pulls matrices (weights, embeddings) toward zero; on gains and biases it would only
     # fight the norms.
-    matrices = [p for p in model.parameters() if p.dim() >= 2]
-    vectors = [p for p in model.parameters() if p.dim() < 2]
+    matrices = [p for p in rest if p.dim() >= 2]
+    vectors = [p for p in rest if p.dim() < 2]
     groups = [{"params": matrices, "weight_decay": tc.weight_decay}, {"params": vectors}]
     fused = device_type in ("cuda", "cpu")
     betas = (0.9, tc.beta2)
-    return torch.optim.AdamW(groups, tc.learning_rate, betas, weight_decay=0.0, fused=fused)
+    optimizers = [torch.optim.AdamW(groups, tc.learning_rate, betas, weight_decay=0.0, fused=fused)]
+    if muon:
+        optimizers.append(torch.optim.Muon(muon, tc.muon_lr, tc.weight_decay, tc.muon_momentum))
+    return optimizers
 
 
 def lr_at(tc, it, elapsed):
@@ -438,7 +455,7 @@ def lr_at(tc, it, elapsed):
     return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
 
 
-def train_step(model, optimizer, batches, grad_clip=0.0, amp=nullcontext()):
+def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
     """One optimizer step on the mean loss of equal-sized micro-batches [(x, y), ...], each (B, T);
     returns that loss."""
     mean_loss = 0.0
@@ -451,8 +468,9 @@ def train_step(model, optimizer, batches, grad_clip=0.0, amp=nullcontext()):
         mean_loss += loss.detach()
     if grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    for optimizer in optimizers:
+        optimizer.step()
+    model.zero_grad(set_to_none=True)
     return mean_loss
 
 
@@ -483,7 +501,7 @@ class Trainer:
         torch.manual_seed(tc.seed)
         vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.model = (model or GPT(tc.model_config(vocab_size=vocab_size))).to(self.device)
-        self.optimizer = configure_optimizer(self.model, tc, self.device.type)
+        self.optimizers = configure_optimizers(self.model, tc, self.device.type)
         # The batches come from a generator of their own, which a resumed run restores.
         self.generator = torch.Generator().manual_seed(tc.seed)
         self.amp = autocast(self.device)
@@ -519,11 +537,14 @@ class Trainer:
         t0 = time.time() - self.elapsed
         while not self.done():
             self.lr = lr_at(tc, self.it, self.elapsed)
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.lr
+            for optimizer in self.optimizers:
+                # One schedule for both: Muon's peak is muon_lr where AdamW's is learning_rate.
+                scale = optimizer.defaults["lr"] / tc.learning_rate
+                for group in optimizer.param_groups:
+                    group["lr"] = self.lr * scale
             batches = [self.batch("train") for _ in range(tc.grad_accum)]
             model = self.wrapped_model
-            self.loss = train_step(model, self.optimizer, batches, tc.grad_clip, self.amp)
+            self.loss = train_step(model, self.optimizers, batches, tc.grad_clip, self.amp)
             self.it += 1
             # Wall time, the evaluations' included: max_time is what a clock on the wall says.
             self.elapsed = time.time() - t0
@@ -539,10 +560,13 @@ class Trainer:
         self.model.eval()
         losses = {}
         for split in self.splits:
-            with self.amp:
-                batches = [self.batch(split) for _ in range(self.tc.eval_iters)]
-                batch_losses = [self.model(x, y)[1] for x, y in batches]
-            losses[split] = torch.stack(batch_losses).mean().item()
+            # Batch by batch: the memory of one, however many there are.
+            total = 0.0
+            for _ in range(self.tc.eval_iters):
+                with self.amp:
+                    _, loss = self.model(*self.batch(split))
+                total += loss.item()
+            losses[split] = total / self.tc.eval_iters
         self.model.train()
         self.history.append(dict(iter=self.it, seconds=self.elapsed, lr=self.lr, **losses))
         line = f"iter {self.it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
@@ -567,7 +591,7 @@ class Trainer:
                 "train_config": asdict(self.tc), "chars": getattr(self.tokenizer, "chars", None),
                 "tokenizer": getattr(self.tokenizer, "name", None), "iter": self.it,
                 "elapsed": self.elapsed, "history": self.history, "rng": rng,
-                "optimizer": self.optimizer.state_dict()}
+                "optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
         save_checkpoint(ckpt, os.path.join(self.tc.out_dir, "ckpt.pt"))
 
 

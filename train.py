@@ -32,12 +32,15 @@ except KeyboardInterrupt:
 
 # A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not
 # given.
+# The optimizer stays AdamW there: Muon won at equal time on 2 CPU cores (docs/benchmarks.md), and
+# has not been measured on a GPU.
 CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
-                     dropout=0.1, learning_rate=1e-3, min_lr=1e-4, eval_iters=100)
+                     dropout=0.1, learning_rate=1e-3, min_lr=1e-4, eval_iters=100, optimizer="adamw")
 # Finetuning GPT-2 (--init_from) takes small, constant steps: a learning rate for training from
 # scratch would wreck what it knows in a few steps.
 INIT_FROM_DEFAULTS = dict(learning_rate=3e-5, min_lr=3e-5, warmup_iters=0, weight_decay=0.0,
-                          batch_size=4, max_iters=200, eval_interval=50, eval_iters=10)
+                          batch_size=4, max_iters=200, eval_interval=50, eval_iters=10,
+                          optimizer="adamw")
 # What a user, a terminal or a scheduler sends to stop a run (SLURM's --signal sends SIGUSR1 or 2,
 # CPU-time limits SIGXCPU): each saves the step under way, then exits with 128 + the signal's
 # number, as a shell reports such an end.
@@ -85,6 +88,8 @@ def parse_args(argv=None):
         shown = repr(getattr(defaults, field.name))
         if field.name in CUDA_DEFAULTS:
             shown += f", on CUDA {CUDA_DEFAULTS[field.name]!r}"
+        if field.name == "optimizer":
+            shown += " until Muon is measured on a GPU"
         if field.name in INIT_FROM_DEFAULTS:
             shown += f", with --init_from {INIT_FROM_DEFAULTS[field.name]!r}"
         if field.name == "vocab_size":
@@ -92,6 +97,8 @@ def parse_args(argv=None):
         text = f"{helps[field.name]} (default: {shown})".replace("%", "%%")
         if field.type is bool:
             kind = flag
+        elif field.name in cli.CHOICES:
+            kind = dict(choices=cli.CHOICES[field.name])
         elif field.name in cli.LIMITS:
             low, high = cli.LIMITS[field.name]
             kind = dict(type=cli.number(field.type, lambda v, low=low, high=high: low <= v < high,
@@ -170,7 +177,13 @@ def resumed_config(tc, ckpt, given, log):
     """The options a resumed run trains with: those the checkpoint recorded, then those given
     (recorded in the next checkpoint, as they run); the model's own options stay, and those given
     that differ are named as ignored."""
-    recorded = cli.recorded_options(ckpt, os.path.join(tc.out_dir, "ckpt.pt"), "train without --resume")
+    path = os.path.join(tc.out_dir, "ckpt.pt")
+    recorded = cli.recorded_options(ckpt, path, "train without --resume")
+    # The optimizers' states in the checkpoint are those of the optimizer it recorded.
+    optimizer = recorded.get("optimizer", "adamw")
+    if given.get("optimizer", optimizer) != optimizer:
+        raise ValueError(f"{path} was trained with --optimizer {optimizer}, whose state it holds: "
+                         f"resume it with that optimizer (leave out --optimizer), or train anew")
     kept = {k: v for k, v in recorded.items() if k not in given}
     tc = dataclasses.replace(tc, **kept, **given)
     return cli.keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
@@ -199,29 +212,36 @@ def distributed():
                          f"WORLD_SIZE") from None
 
 
-def agree_on_setup(error, vocabulary, rank, world):
+def agree_on_setup(error, vocabulary, options, rank, world):
     """Under DDP each process reads its data and builds its model alone; here they compare, so that
     a fault found by one process alone reaches the user in one line from it, and the processes do
-    not train on texts whose ids mean different characters."""
+    not train on texts whose ids mean different characters, nor with different options (a step or
+    a clock of their own would leave the others waiting in a collective for good)."""
     if world == 1:
         if error is not None:
             raise error
         return
     message = None if error is None else describe(error)
     told = [None] * world
-    dist.all_gather_object(told, (message, vocabulary))
+    dist.all_gather_object(told, (message, vocabulary, options))
     # Every process has what all of them told before any raises, and leaves the group.
     dist.barrier()
-    failed = [r for r, (m, _) in enumerate(told) if m is not None]
+    failed = [r for r, (m, _, _) in enumerate(told) if m is not None]
     if failed:
         first = failed[0]
         where = "" if first == 0 else f" (process {first} of {world})"
         raise Failed(f"{told[first][0]}{where}", shown=rank == first)
-    differ = [r for r, (_, v) in enumerate(told) if v != told[0][1]]
+    differ = [r for r, (_, v, _) in enumerate(told) if v != told[0][1]]
     if differ:
         raise Failed(f"process {differ[0]} of {world} has another vocabulary than process 0 (its "
                      f"--data has other characters, or another tokenizer): give every process the "
                      f"same --data", shown=rank == 0)
+    for r, (_, _, theirs) in enumerate(told):
+        names = [name for name in options if theirs[name] != options[name]]
+        if names:
+            raise Failed(f"process {r} of {world} was given other options than process {rank} "
+                         f"({', '.join(f'--{name}' for name in names)}): give every process the same",
+                         shown=rank == 0)
 
 
 class AccumulatingDDP(torch.nn.parallel.DistributedDataParallel):
@@ -356,7 +376,7 @@ class Progress:
         self.it_line = it
         self.timed = 0.0
         self.timed_steps = 0
-        lr = trainer.optimizer.param_groups[0]["lr"]
+        lr = trainer.lr
         return (f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
                 f"{lr:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | "
                 f"{self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
@@ -370,8 +390,20 @@ def process_config(tc, rank):
 
 
 class Run(gpt.Trainer):
-    """gpt.Trainer as this command line runs it: a save that fails says which file and that the
+    """gpt.Trainer as this command line runs it: a signal during an evaluation, which may be long,
+    ends it at once (the step before it is saved); a save that fails says which file, and that the
     checkpoint there is as it was."""
+    # The stopping signals caught so far: drive() sets its list here.
+    signals = None
+
+    def evaluate(self):
+        if self.signals is None:
+            return super().evaluate()
+        self.signals.urgent = True
+        try:
+            super().evaluate()
+        finally:
+            self.signals.urgent = False
 
     def save(self):
         try:
@@ -388,25 +420,24 @@ def set_up(tc, data, log, resume, given, init_from, rank):
     weights. Everything that can be checked is checked here, before the first step."""
     path = os.path.join(tc.out_dir, "ckpt.pt")
     model = None
-    chars = None
     tokenizer = None
     ckpt = None
     if resume:
         model, chars_tokenizer, ckpt = cli.load(path, tc.device)
         tc = resumed_config(tc, ckpt, given, log)
-        # A character model's text is read again with its characters; another's with its tokenizer.
-        chars = getattr(chars_tokenizer, "chars", None)
-        if chars is None:
-            tokenizer = gpt2.tokenizer_of(ckpt, None)
+        # The run keeps its checkpoint's tokenizer, whatever its data: the characters, GPT-2's, or
+        # the name of one of the user's own.
+        tokenizer = gpt2.tokenizer_of(ckpt, chars_tokenizer)
     elif init_from:
         model = gpt2.load(init_from, tc.device)
         tc = cli.keep_model_options(tc, model.config, given, "--init_from", log)
         tokenizer = gpt2.Tokenizer(gpt2.folder_of(init_from))
     check_schedule(tc)
-    if resume and chars is None and tokenizer is None and not cli.is_ids(data):
+    unusable = tokenizer is None or isinstance(tokenizer, cli.Named)
+    if resume and unusable and not cli.is_ids(data):
         raise ValueError(f"{path} was trained on token ids of a tokenizer it only names "
                          f"({ckpt.get('tokenizer')}): resume it on the same ids, --data FILE.bin")
-    data, tokenizer = cli.read_data(data, chars, tokenizer)
+    data, tokenizer = cli.read_data(data, tokenizer)
     # The vocabulary: the model's; a text's tokenizer's, which makes a --vocab_size given ignored, as
     # the model options are on --resume; else --vocab_size, or the largest id + 1.
     if model is not None:
@@ -463,12 +494,20 @@ def run(tc, data, log=print, resume=False, log_interval=100, compile=False, give
         except Exception as e:
             error = e
         vocabulary = None if trainer is None else vocabulary_of(trainer)
+        options = None if trainer is None else options_of(trainer)
         try:
-            agree_on_setup(error, vocabulary, rank, world)
+            agree_on_setup(error, vocabulary, options, rank, world)
             return drive(trainer, say, log_interval, compile, rank, world)
         finally:
             if lock is not None:
                 lock.close()
+
+
+def options_of(trainer):
+    """The options every process of a DDP run must share: all but those process_config sets apart
+    (the seed, out_dir) and the device, which is each process's own GPU."""
+    options = dataclasses.asdict(trainer.tc)
+    return {name: value for name, value in options.items() if name not in ("seed", "out_dir", "device")}
 
 
 def vocabulary_of(trainer):
@@ -507,21 +546,37 @@ def drive(trainer, log, log_interval, compile, rank, world):
     if start == 0:
         trainer.save()
     with signals_caught() as caught:
-        for _ in trainer.steps():
-            progress.step()
-            it = trainer.it
-            last = trainer.done()
-            check = it % log_interval == 0 or it % tc.eval_interval == 0 or last
-            stop, diverged = agree(trainer, max(caught, default=0), world, check or world > 1)
-            if diverged:
-                raise Failed(f"the training loss is {trainer.loss.item()} at iteration {it}: training "
-                             f"diverged; lower --learning_rate or raise --warmup_iters (the last good "
-                             f"checkpoint in {tc.out_dir} is left as it was)", shown=rank == 0)
-            if it % log_interval == 0 or last or stop:
-                log(progress.line(trainer.loss.item()))
-            if stop:
-                trainer.save()
-                break
+        trainer.signals = caught
+        try:
+            for _ in trainer.steps():
+                progress.step()
+                it = trainer.it
+                last = trainer.done()
+                check = it % log_interval == 0 or it % tc.eval_interval == 0 or last
+                stop, diverged = agree(trainer, max(caught, default=0), world, check or world > 1)
+                if diverged:
+                    raise Failed(diverged_message(trainer), shown=rank == 0)
+                if it % log_interval == 0 or last or stop:
+                    log(progress.line(trainer.loss.item()))
+                if stop:
+                    trainer.save()
+                    break
+        # Under torchrun, a collective that fails: another process stopped (killed, out of memory).
+        except RuntimeError as e:
+            if not lost_peer(e, world):
+                raise
+            kept = f"; the last checkpoint in {tc.out_dir} is as it was" if tc.out_dir else ""
+            # Gloo's line, less the source file it names and the advice after its first sentence.
+            reason = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip()).split(". ")[0][:160]
+            raise Failed(f"process {rank} of {world} lost touch with the others at iteration "
+                         f"{trainer.it} ({reason}): another process stopped{kept}", shown=True) from None
+        # A signal during an evaluation ended it: its step is saved, and there is no report to make.
+        except Stopped as e:
+            trainer.signals = None
+            trainer.save()
+            log(f"{e}: the evaluation was cut short; saved iteration {trainer.it} to {path}; continue "
+                f"with --resume")
+            return trainer, e.signum
         # A signal during the last evaluation and save, after the last step: the save is done.
         stop = stop or max(caught, default=0)
         caught.urgent = True
@@ -548,6 +603,26 @@ def drive(trainer, log, log_interval, compile, rank, world):
     return trainer, stop or None
 
 
+def lost_peer(error, world):
+    """Whether error is a collective's failure under DDP, as Gloo and NCCL report a process of the
+    run that has stopped."""
+    text = str(error)
+    return world > 1 and (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text)
+
+
+def diverged_message(trainer):
+    """What a loss that is not finite says: where, and each option that can make training diverge,
+    without guessing which one did."""
+    tc = trainer.tc
+    rates = f"--learning_rate {tc.learning_rate:g}"
+    if tc.optimizer == "muon":
+        rates += f", --muon_lr {tc.muon_lr:g}"
+    kept = f"; the last good checkpoint in {tc.out_dir} is left as it was" if tc.out_dir else ""
+    return (f"the training loss is {trainer.loss.item()} at iteration {trainer.it}: training diverged. "
+            f"Too high a {rates} or --weight_decay {tc.weight_decay:g}, too short a --warmup_iters "
+            f"{tc.warmup_iters}, or --grad_clip {tc.grad_clip:g} (0: off) can cause it{kept}")
+
+
 def close(trainer, log, figures):
     """The closing report: what context buys, a sample, and out_dir/report.html."""
     by_position = report.loss_by_position(trainer)
@@ -556,8 +631,13 @@ def close(trainer, log, figures):
     sample = report.closing_sample(trainer)
     log("sample:\n" + sample)
     if trainer.tc.out_dir:
-        page = report.write(trainer, os.path.join(trainer.tc.out_dir, "report.html"), by_position,
-                            sample, figures)
+        path = os.path.join(trainer.tc.out_dir, "report.html")
+        try:
+            page = report.write(trainer, path, by_position, sample, figures)
+        except OSError as e:
+            saved = os.path.join(trainer.tc.out_dir, "ckpt.pt")
+            raise OSError(e.errno, f"cannot write {path} ({e.strerror}): the report was not written; "
+                                   f"iteration {trainer.it} is saved in {saved}") from None
         log(f"report: {page}")
 
 
