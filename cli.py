@@ -244,13 +244,14 @@ class Named:
     def __init__(self, name, vocab_size):
         self.name = name
         self.vocab_size = vocab_size
+        self.absent = (f"the tokenizer {name!r} is the user's own, not here: give its token ids "
+                       f"(--data FILE.bin), or use it from Python")
 
     def encode(self, text):
-        raise ValueError(f"the tokenizer {self.name!r} is the user's own, not here: give its token "
-                         f"ids (--data FILE.bin), or use it from Python")
+        raise ValueError(self.absent)
 
     def decode(self, ids):
-        self.encode("")
+        raise ValueError(self.absent)
 
 
 def read_data(data, tokenizer=None):
