@@ -191,13 +191,13 @@ def read_weights(folder):
     path = os.path.join(folder, "pytorch_model.bin")
     cli.check_file(path, "GPT-2's weights", None)
     try:
-        # An old raw pickle adds warnings of torch's own: the one line below says all there is.
+        # A plain pickle brings warnings of torch's own: the one line below says all there is.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             weights = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise ValueError(f"{path} holds code or objects, not only tensors, so it is not "
-                         f"loaded") from None
+        raise ValueError(f"{path} holds code or objects, or is a plain pickle, not tensors as "
+                         f"torch.save writes them, so it is not loaded") from None
     if not (isinstance(weights, dict) and all(torch.is_tensor(w) for w in weights.values())):
         raise ValueError(f"{path} holds no state dict of tensors")
     return weights
@@ -219,9 +219,9 @@ def load(source, device=""):
             kind = config.get("model_type") if isinstance(config, dict) else None
             raise ValueError(f"its config.json is of a {kind!r} model, not gpt2")
         # The tensors set the model; config.json must tell the same story.
-        said = {"n_layer": "n_layer", "n_embd": "n_embd", "block_size": "n_positions",
+        keys = {"n_layer": "n_layer", "n_embd": "n_embd", "block_size": "n_positions",
                 "vocab_size": "vocab_size"}
-        said = {name: config_size(config, key) for name, key in said.items()}
+        said = {name: config_size(config, key) for name, key in keys.items()}
         n_head = config_size(config, "n_head")
         weights = read_weights(folder)
         if not all(w.isfinite().all() for w in weights.values() if w.is_floating_point()):

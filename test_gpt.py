@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -1875,7 +1876,7 @@ class Malicious:
     (lambda folder: (folder / "config.json").write_text("[1, 2]"), "its config.json is of a None model, not gpt2"),
     (lambda folder: (os.remove(folder / "model.safetensors"),
                      torch.save({"x": Malicious()}, folder / "pytorch_model.bin")),
-     "pytorch_model.bin holds code or objects, not only tensors, so it is not loaded"),
+     "pytorch_model.bin holds code or objects, or is a plain pickle, not tensors as torch.save writes them"),
     (lambda folder: (os.remove(folder / "model.safetensors"),
                      torch.save(fixture_weights(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)),
      None),  # an old raw pickle: loaded, with no warning beside the one line on the missing data
@@ -1897,6 +1898,18 @@ def test_gpt2_files_from_outside_are_checked_like_checkpoints(tmp_path, capsys, 
         assert f"{folder} holds no GPT-2 this can load (" in message and match in message, message
     assert "weights_only" not in message and "this ran" not in capsys.readouterr().out
     assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_a_plain_pickle_of_gpt2s_weights_is_refused_in_one_line_without_torchs_warnings(tmp_path):
+    folder = tmp_path / "gpt2"
+    shutil.copytree(FIXTURE, folder)
+    os.remove(folder / "model.safetensors")
+    with open(folder / "pytorch_model.bin", "wb") as f:
+        pickle.dump(fixture_weights(), f)
+    done = run_cli("sample.py", "--init_from", str(folder), "--max_new_tokens", "3")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr  # torch's two warnings not beside it
+    assert "or is a plain pickle, not tensors as torch.save writes them, so it is not loaded" in done.stderr
+    assert "weights_only" not in done.stderr
 
 
 def fake_transformers(monkeypatch, encode_to):
