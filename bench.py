@@ -320,14 +320,14 @@ def bench_quality(seconds, data):
 
 @torch.no_grad()
 def fixed_val_loss(trainer, batches=100, seed=0):
-    """The mean loss of the model over a fixed, seeded set of val batches: the same batches for every run on the same
-    data and shapes."""
+    """The mean loss over a fixed, seeded set of val batches, the same for every run on the same data and shapes
+    (Trainer.evaluate draws its batches after the run's own, and the train split's first)."""
     trainer.generator.manual_seed(seed)
     model = trainer.model.eval()
     total = 0.0
     for _ in range(batches):
-        x, y = trainer.batch("val")
-        total += model(x, y)[1].item()
+        _, loss = model(*trainer.batch("val"))
+        total += loss.item()
     model.train()
     return total / batches
 
@@ -466,6 +466,8 @@ def main():
                                                         "(default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args()
+    if (args.only or args.set) and not args.optimizers:
+        parser.error("--only and --set go with --optimizers")
     device = cli.usable_device(args.device)
     try:  # an unwritable --json fails now, not after minutes of measuring; "a" leaves a file there as it is till then
         if args.json:

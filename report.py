@@ -63,23 +63,24 @@ def attention(model, idx):
     mode."""
     training = model.training
     model.eval()
+    # What each layer's attention is given, (its input, rope), seen during one forward of the model.
+    inputs = []
+    hooks = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[:2]))
+             for block in model.h]
+    try:
+        model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(training)
     T = idx.size(1)
-    # The residual stream's start, as gpt.GPT.forward makes it.
-    x = model.wte(idx)  # (B, T, C)
-    rope = None
-    if model.config.pos == "learned":
-        x = x + model.wpe.weight[:T]
-    else:
-        rope = (model.cos[:T], model.sin[:T])
     # Above the diagonal are the later positions: -inf there becomes weight 0.
     later = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
     maps = []
-    for block in model.h:
-        q, k, _ = queries_keys_values(block.attn, block.ln_1(x), rope)
+    for block, (x, rope) in zip(model.h, inputs):
+        q, k, _ = queries_keys_values(block.attn, x, rope)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
         maps.append(scores.masked_fill(later, float("-inf")).softmax(dim=-1))
-        x = block(x, rope)
-    model.train(training)
     return torch.stack(maps)
 
 

@@ -116,12 +116,12 @@ def write_report(model, tokenizer, ckpt, path, args, device):
     if not trainer.history:
         raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)
-    path = os.path.join(args.out_dir, "report.html")
+    page_path = os.path.join(args.out_dir, "report.html")
     by_position = report.loss_by_position(trainer)
     try:
-        page = report.write(trainer, path, by_position, report.closing_sample(trainer), figures)
+        page = report.write(trainer, page_path, by_position, report.closing_sample(trainer), figures)
     except OSError as e:
-        raise ValueError(f"cannot write {path} ({e.strerror}): the report was not written; the "
+        raise ValueError(f"cannot write {page_path} ({e.strerror}): the report was not written; the "
                          f"checkpoint is as it was") from None
     print(f"wrote {page}: open it in a browser")
 
