@@ -1,10 +1,5 @@
-"""A GPT in one file of PyTorch: the tokenizer, the model, sampling, training, checkpoints.
-
-Read it top to bottom: CharTokenizer, GPTConfig, the layers, GPT with its sampling, devices and
-checkpoints, then the training: TrainConfig, the optimizers (Muon and AdamW) and their schedule,
-train_step, Trainer, train.
-It imports only torch and the standard library, and importing it does nothing.
-"""
+"""A GPT in one file of PyTorch: a character tokenizer, the model, sampling through a KV cache, one
+training loop, checkpoints and device choice. It imports only torch; importing it does nothing."""
 import math
 import os
 import time
@@ -17,11 +12,8 @@ import torch.nn.functional as F
 
 
 class CharTokenizer:
-    """One token per distinct character: nothing to learn, and every text it saw round-trips.
-
-    Any tokenizer with encode(str) -> ids, decode(ids) -> str and vocab_size works where this one
-    does: tiktoken's, sentencepiece's, a word list of your own.
-    """
+    """One token per distinct character; every text it saw round-trips. Any tokenizer with encode,
+    decode and vocab_size works in its place: tiktoken's, sentencepiece's, a word list."""
 
     def __init__(self, chars):
         self.chars = "".join(sorted(set(chars)))
@@ -35,14 +27,14 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
 
-# The architecture's switches and their values: Llama's first (the default), GPT-2's second.
+# The architecture's switches: Llama's choice first (the default), GPT-2's second.
 CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu")}
 
 
 @dataclass
 class GPTConfig:
-    """The model. The default is a Llama-style block; GPT-2's is norm="layernorm",
-    pos="learned", mlp="gelu", bias=True."""
+    """The model: a Llama-style block by default; GPT-2's is norm="layernorm", pos="learned",
+    mlp="gelu", bias=True."""
     # Tokens in the vocabulary: the training text's characters, or a tokenizer's vocab_size.
     vocab_size: int = 65
     # The context: the most tokens the model reads at once.
@@ -103,16 +95,15 @@ def rope_tables(config):
 
 
 def rope_forward(x, cos, sin):
-    """Turns each channel pair (x_j, x_j+hs/2) by its angle: a 2-D rotation. Turning q and k by
-    angles proportional to their positions makes q.k depend only on their distance."""
+    """Turns each channel pair (x_j, x_j+hs/2) by its angle, a 2-D rotation: q.k then depends only
+    on the distance between their positions."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class KVCache:
-    """Each layer's keys and values so far, for sampling. It is allocated once, to block_size, and
-    written in place: torch.cat would copy the whole cache for every token. pos counts the
-    positions filled; only update() and reset() move it."""
+    """Each layer's keys and values so far, for sampling: allocated once, to block_size, and written
+    in place (torch.cat would copy it all for every token). pos counts the positions filled."""
 
     def __init__(self, config):
         self.config = config
@@ -120,8 +111,7 @@ class KVCache:
         self.pos = 0
 
     def update(self, layer_idx, k, v):
-        """Writes this step's keys and values, (B, nh, T, hs) each, after the positions filled;
-        returns all of them so far."""
+        """Writes k and v (B, nh, T, hs) after the positions filled; returns all of them so far."""
         if self.kv is None:
             # (n_layer, 2, B, nh, block_size, hs), typed and placed as the first keys are.
             shape = (self.config.n_layer, 2, *k.shape[:2], self.config.block_size, k.size(3))
@@ -158,10 +148,9 @@ class CausalSelfAttention(nn.Module):
         # Sampling: the earlier positions' keys and values join this step's.
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
-        # Scores are scaled by 1/sqrt(hs) so that their spread, and so softmax's sharpness, does not
-        # grow with the head size. is_causal sets each query's scores for later keys to -inf,
-        # which softmax turns into weight 0. A single new token after a cache is the last position:
-        # it may see every key, and needs no mask.
+        # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow with the head
+        # size. is_causal sets each query's scores for later keys to -inf, which softmax turns into
+        # weight 0. One new token after a cache is the last position: it sees every key.
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh * hs): the heads side by side again
@@ -239,7 +228,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
 
     def forward(self, idx, targets=None, cache=None):
-        """The logits (B, T, vocab_size) for the ids idx (B, T), and the loss when targets (B, T)
+        """The logits (B, T, vocab_size) for the ids idx (B, T), and the loss if targets (B, T)
         are given, else None."""
         T = idx.size(1)
         # With a cache, these positions come after those it holds.
@@ -263,14 +252,14 @@ class GPT(nn.Module):
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     def generate(self, idx, max_new_tokens, **sampling):
-        """The ids idx (B, T) and max_new_tokens sampled after them, (B, T + max_new_tokens);
-        sampling: stream()'s temperature, top_k, top_p and generator."""
+        """idx (B, T) and max_new_tokens sampled after it, (B, T + max_new_tokens), as stream()
+        draws them with the same keyword arguments."""
         return torch.cat([idx, *self.stream(idx, max_new_tokens, **sampling)], dim=1)
 
     @torch.inference_mode()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
-        """Yields each sampled token (B, 1) as soon as it is drawn: temperature 0 is greedy, top_k
-        and top_p filter, a seeded torch.Generator repeats a sample."""
+        """Yields each sampled token (B, 1) as it is drawn: temperature 0 is greedy, top_k and top_p
+        filter, a seeded torch.Generator repeats a sample."""
         vocab_size = self.config.vocab_size
         if idx.dim() != 2 or not idx.numel() or idx.min() < 0 or idx.max() >= vocab_size:
             raise ValueError(f"the prompt must be (batch, tokens) ids in [0, {vocab_size})")
@@ -292,8 +281,8 @@ class GPT(nn.Module):
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
-                # Less their max, the logits stay finite however small the temperature; below
-                # 1e-30, which float32 would round to 0, the sample is greedy all the same.
+                # Less their max, the logits stay finite however small the temperature (float32
+                # would round one below 1e-30 to 0).
                 logits = logits - logits.max(dim=-1, keepdim=True).values
                 logits = logits / max(temperature, 1e-30)
                 probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
@@ -302,9 +291,8 @@ class GPT(nn.Module):
             context = torch.cat([context, next_id], dim=1)[:, -block_size:]
             new = next_id
             if cache.pos == block_size:
-                # Past block_size the context slides: each cached key and value was computed at a
-                # position since shifted, with a token now out of view. So the cache refills from
-                # the context: a full forward per token, as nanoGPT runs for every token.
+                # Past block_size the context slides, and each cached key was computed at a position
+                # since shifted: the cache refills from the context, a full forward per token.
                 cache.reset()
                 new = context
 
@@ -346,7 +334,7 @@ def autocast(device):
 
 def save_checkpoint(ckpt, path):
     """Writes ckpt to a temporary file, then renames it over path, so that a crash mid-write leaves
-    the old checkpoint whole. Makes path's folder if it is missing."""
+    the old checkpoint whole."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     try:
@@ -361,8 +349,8 @@ def save_checkpoint(ckpt, path):
 
 
 def load_checkpoint(path, device=None):
-    """(model in eval mode on device, by default the best here; its CharTokenizer, or None for
-    another tokenizer, whose name ckpt["tokenizer"] holds; the checkpoint's dict)."""
+    """(the model in eval mode on device, or the best here; its CharTokenizer, or None for another
+    tokenizer, which ckpt["tokenizer"] names; the checkpoint)."""
     device = get_device(str(device or ""))
     # weights_only: tensors and plain data alone, so that a downloaded checkpoint cannot run code.
     ckpt = torch.load(path, map_location=device, weights_only=True)
@@ -374,8 +362,7 @@ def load_checkpoint(path, device=None):
 
 @dataclass
 class TrainConfig(GPTConfig):
-    """The model's options, GPTConfig's, and the training's. The defaults train for 3 to 5 minutes
-    on 2 CPU cores."""
+    """The model's options and the training's. The defaults train for 3 to 5 minutes on 2 cores."""
     # Folder of ckpt.pt, the checkpoint ("" writes none).
     out_dir: str = "out"
     # Optimizer steps in all.
@@ -421,8 +408,8 @@ class TrainConfig(GPTConfig):
 
 
 def configure_optimizers(model, tc, device_type="cpu"):
-    """[AdamW], or [AdamW, Muon] with tc.optimizer "muon": Muon for the 2-D weights of the blocks,
-    AdamW for the rest, fused (one kernel for all its tensors) on CPU and CUDA."""
+    """[AdamW], or [AdamW, Muon] with tc.optimizer "muon": Muon for the blocks' 2-D weights, AdamW
+    for the rest."""
     if tc.optimizer not in ("adamw", "muon"):
         raise ValueError(f"optimizer must be adamw or muon, not {tc.optimizer!r}")
     # Muon orthogonalises each matrix's update, so that all its directions move alike; embeddings
@@ -430,11 +417,11 @@ def configure_optimizers(model, tc, device_type="cpu"):
     muon = [p for n, p in model.named_parameters()
             if tc.optimizer == "muon" and n.startswith("h.") and p.dim() == 2]
     rest = [p for p in model.parameters() if all(p is not q for q in muon)]
-    # Decay pulls matrices (weights, embeddings) toward zero; on gains and biases it would only
-    # fight the norms.
+    # Decay pulls matrices toward zero; on gains and biases it would only fight the norms.
     matrices = [p for p in rest if p.dim() >= 2]
     vectors = [p for p in rest if p.dim() < 2]
     groups = [{"params": matrices, "weight_decay": tc.weight_decay}, {"params": vectors}]
+    # fused: one kernel for all the tensors, on CPU and CUDA.
     fused = device_type in ("cuda", "cpu")
     betas = (0.9, tc.beta2)
     optimizers = [torch.optim.AdamW(groups, tc.learning_rate, betas, weight_decay=0.0, fused=fused)]
@@ -444,8 +431,7 @@ def configure_optimizers(model, tc, device_type="cpu"):
 
 
 def lr_at(tc, it, elapsed):
-    """Linear warmup, then cosine decay to min_lr over the iterations, or over the seconds when
-    max_time is set."""
+    """Linear warmup, then cosine decay to min_lr over the steps, or the seconds with max_time."""
     if it < tc.warmup_iters:
         return tc.learning_rate * (it + 1) / tc.warmup_iters
     if tc.max_time:
@@ -456,8 +442,7 @@ def lr_at(tc, it, elapsed):
 
 
 def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
-    """One optimizer step on the mean loss of equal-sized micro-batches [(x, y), ...], each (B, T);
-    returns that loss."""
+    """One step of each optimizer on the mean loss of micro-batches [(x, y), ...]; returns it."""
     mean_loss = 0.0
     for x, y in batches:
         with amp:
@@ -475,17 +460,13 @@ def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
 
 
 def as_tensor(ids):
-    """Token ids as a tensor: a tensor as it is; a list, an array or a memmap copied."""
+    """Token ids as a tensor: a tensor as it is; a list, an array or a memmap's rows copied."""
     return ids if torch.is_tensor(ids) else torch.tensor(ids)
 
 
 class Trainer:
-    """A training run: the model (new, or one given), its optimizer, the data, where the run stands.
-
-    data is a text, encoded by tokenizer (by default a CharTokenizer of that text), or a 1-D
-    sequence of token ids: a list, a tensor, a NumPy array or a np.memmap, read a batch at a time.
-    The last 10% of its tokens is held out for validation.
-    """
+    """A run: the model, its optimizers, the data, where the run stands. data is a text (encoded by
+    tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
         self.tc = tc
@@ -519,6 +500,7 @@ class Trainer:
         data = self.splits[split]
         T = self.tc.block_size
         ix = torch.randint(len(data) - T, (self.tc.batch_size,), generator=self.generator)
+        # A row at a time: a memmap is never read whole.
         rows = [as_tensor(data[i:i + T + 1]) for i in ix.tolist()]
         xy = torch.stack(rows).long().to(self.device, non_blocking=True)  # (B, T + 1)
         # The target at each position is the token after it.
@@ -530,8 +512,8 @@ class Trainer:
         return self.elapsed >= tc.max_time if tc.max_time else self.it >= tc.max_iters
 
     def steps(self):
-        """Trains; yields after each step, where the caller may log, check or stop, before the loop
-        evaluates and saves every eval_interval steps and at the end."""
+        """Trains, yielding after each step to the caller, who may log, check or stop; evaluates
+        and saves every eval_interval steps and at the end."""
         tc = self.tc
         # The clock goes on from where a resumed run stood.
         t0 = time.time() - self.elapsed
@@ -555,8 +537,7 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self):
-        """The mean loss of eval_iters batches of each split, logged, and kept in history with the
-        step, the clock and the learning rate."""
+        """The mean loss of eval_iters batches of each split, logged and kept in history."""
         self.model.eval()
         losses = {}
         for split in self.splits:
@@ -576,9 +557,7 @@ class Trainer:
         self.log(line)
 
     def save(self):
-        """Writes out_dir/ckpt.pt (nothing when out_dir is ""): the model, its config, the
-        tokenizer's characters or name, the options, the optimizer's state, the step, the clock,
-        the evaluations and the random states. Weights not finite are never saved."""
+        """Writes out_dir/ckpt.pt ("": none) with all a resume needs; weights not finite, never."""
         if not self.tc.out_dir:
             return
         # A step can turn the weights to NaN after its loss was read (an inf gradient clipped:
@@ -596,8 +575,7 @@ class Trainer:
 
 
 def train(tc, data, tokenizer=None, log=print):
-    """Trains a new GPT on data (a text or token ids, as Trainer takes them) as tc says, saving
-    out_dir/ckpt.pt; returns the model and its evaluations (history)."""
+    """Trains a new GPT on data as tc says; returns the model and its evaluations (history)."""
     trainer = Trainer(tc, data, tokenizer, log=log)
     for _ in trainer.steps():
         pass

@@ -116,15 +116,18 @@ def test_code_lines_counts_code_alone():
 
 
 # The design card asks for at most 320 lines of code in gpt.py and 480 in all (wc -l). Holding the card's list alone,
-# Muon included, with every rule of plain lines, it has 381 and 604: these numbers may only go down.
+# Muon included, with every rule of plain lines, it has 381 and 582: these numbers may only go down.
 GPT_PY_CODE_LINES = 381
-GPT_PY_LINES = 604
+GPT_PY_LINES = 582
 
 
 def test_gpt_py_is_plain():
     source = Path(HERE, "gpt.py").read_text(encoding="utf-8")
     tree = ast.parse(source)
     assert len(code_lines(source)) <= GPT_PY_CODE_LINES and len(source.splitlines()) <= GPT_PY_LINES
+    # The reference states the size as it is.
+    stated = f"`gpt.py` has **{len(code_lines(source))} lines of code** and {len(source.splitlines())} lines in all"
+    assert stated in Path(HERE, "docs", "reference.md").read_text(encoding="utf-8")
     packed = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assign)
               and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple)]
     assert len(packed) <= 2, packed  # a, b = x, y of unrelated values
@@ -138,6 +141,11 @@ def test_gpt_py_is_plain():
                 if token.type == tokenize.COMMENT and lines[token.start[0] - 1][:token.start[1]].strip()
                 and not token.string.startswith("# (")]
     assert not trailing, trailing
+    # A docstring is a line or two.
+    long_docstrings = [node.name if hasattr(node, "name") else "the module" for node in ast.walk(tree)
+                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                       and (ast.get_docstring(node, clean=False) or "").count("\n") >= 2]
+    assert not long_docstrings, long_docstrings
 
 
 def test_lines_are_at_most_100_characters_in_the_files_people_read_and_120_elsewhere():
