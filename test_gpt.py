@@ -1509,6 +1509,52 @@ def test_twin_adamw_steps_match_torch(name):
     assert loss < 2.0
 
 
+def test_twin_newton_schulz_brings_every_singular_value_near_1_along_the_gradients_directions(monkeypatch):
+    rng = np.random.default_rng(0)
+    u, _ = np.linalg.qr(rng.standard_normal((24, 8)))
+    v, _ = np.linalg.qr(rng.standard_normal((8, 8)))
+    g = u @ np.diag(np.logspace(0, -2, 8)) @ v.T  # (24, 8), singular values from 1 to 0.01
+    for matrix, direction in ((g, u @ v.T), (g.T, v @ u.T)):  # tall and wide
+        out = gpt_numpy.newton_schulz(matrix)
+        singular_values = np.linalg.svd(out, compute_uv=False)
+        assert 0.6 < singular_values.min() and singular_values.max() < 1.25, singular_values
+        assert gpt_numpy.rel_error(out, direction) < 0.4
+        # torch.optim.Muon's own iterations, in bfloat16: the same to its rounding
+        theirs = torch.optim._muon._zeropower_via_newtonschulz(torch.tensor(matrix), (3.4445, -4.7750, 2.0315), 5,
+                                                               1e-7)
+        assert gpt_numpy.rel_error(out, theirs.double().numpy()) < 0.05
+        # and kept in float64, to float64's rounding: the same coefficients, scaling and transposes
+        with monkeypatch.context() as patched:
+            patched.setattr(torch.Tensor, "bfloat16", lambda tensor: tensor)
+            theirs = torch.optim._muon._zeropower_via_newtonschulz(torch.tensor(matrix), (3.4445, -4.7750, 2.0315),
+                                                                   5, 1e-7)
+        assert theirs.dtype == torch.float64 and gpt_numpy.rel_error(out, theirs.numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
+    # torch's Newton-Schulz runs in bfloat16 (the test above holds the twin's to it); here it runs the twin's, in
+    # float64, so that momentum, Nesterov, the learning rate's scale and the decay are held to float64's rounding.
+    twin_iterations = lambda update, *args: torch.from_numpy(gpt_numpy.newton_schulz(update.numpy()))
+    monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", twin_iterations)
+    model, twin, idx, targets = twin_pair(name)
+    optimizers = gpt.configure_optimizers(model, gpt.TrainConfig(learning_rate=1e-2, optimizer="muon"))
+    matrices = [n for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
+    muon = gpt_numpy.Muon({n: twin.params[n] for n in matrices}, lr=0.01, weight_decay=0.1, momentum=0.95)
+    rest = {n: w for n, w in twin.params.items() if n not in matrices}
+    adamw = gpt_numpy.AdamW(rest, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
+    before = {n: w.copy() for n, w in twin.params.items()}
+    for _ in range(3):
+        gpt.train_step(model, optimizers, [(idx, targets)])
+        twin.forward(idx.numpy(), targets.numpy())
+        grads = twin.backward()
+        muon.step(grads)
+        adamw.step(grads)
+    for n, p in model.named_parameters():
+        moved = p.detach().numpy() - before[n]
+        assert gpt_numpy.rel_error(twin.params[n] - before[n], moved) < 1e-8, n
+
+
 def test_twin_trains_and_samples():
     text = "to be or not to be that is the question. " * 20
     chars = sorted(set(text))
