@@ -106,12 +106,12 @@ def batches(block_size, batch_size, device, seed=0):
 
 
 def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
-    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and the fused AdamW groups."""
+    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers."""
     torch.manual_seed(0)
     model = gpt.GPT(config).to(device)
-    optimizer = gpt.configure_optimizer(model, tc, device.type)
+    optimizers = gpt.configure_optimizers(model, tc, device.type)
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
-    return lambda: gpt.train_step(stepped, optimizer, [next(data)], tc.grad_clip, amp)
+    return lambda: gpt.train_step(stepped, optimizers, [next(data)], tc.grad_clip, amp)
 
 
 def bench_training(device, peaks, bf16):
@@ -190,6 +190,21 @@ def load_nanogpt(folder):
     return module
 
 
+class TheirFault(Exception):
+    """An error raised inside the other project's GPT: its model.py takes other arguments or returns other things."""
+
+
+def theirs_runs(fn):
+    """fn, a call into the other model.py, with its errors raised as TheirFault; errors of this project's own
+    calls stay what they are."""
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (TypeError, AttributeError, ValueError, IndexError, KeyError, RuntimeError) as e:
+            raise TheirFault(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    return call
+
+
 def versus_nanogpt(nano, device, rounds=5):
     """The same run, interleaved: each project's optimizer step at nanoGPT's CPU-recipe shape (its own forward,
     backward, clipping and AdamW set-up), and each project's generate at nanoGPT's shakespeare_char model: filling a
@@ -199,9 +214,11 @@ def versus_nanogpt(nano, device, rounds=5):
     data = batches(RECIPE["block_size"], RECIPE_BATCH, device, seed=1)
     torch.manual_seed(0)
     with quiet:
-        theirs = nano.GPT(nano.GPTConfig(**RECIPE, dropout=0.0)).to(device)
-        optimizer = theirs.configure_optimizers(tc.weight_decay, tc.learning_rate, (0.9, tc.beta2), device.type)
+        theirs = theirs_runs(lambda: nano.GPT(nano.GPTConfig(**RECIPE, dropout=0.0)).to(device))()
+        optimizer = theirs_runs(lambda: theirs.configure_optimizers(tc.weight_decay, tc.learning_rate, (0.9, tc.beta2),
+                                                                    device.type))()
 
+    @theirs_runs
     def their_step():  # nanoGPT's train.py, one micro-step per optimizer step, as its recipe has it
         _, loss = theirs(*next(data))
         loss.backward()
@@ -209,6 +226,7 @@ def versus_nanogpt(nano, device, rounds=5):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    @theirs_runs
     @torch.no_grad()
     def their_eval_batch():  # estimate_loss: model(X, Y) in eval mode
         theirs.eval()
@@ -220,13 +238,14 @@ def versus_nanogpt(nano, device, rounds=5):
     torch.manual_seed(0)
     ours_model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device).eval()
     with quiet:
-        their_model = nano.GPT(nano.GPTConfig(**SAMPLING, dropout=0.0)).to(device).eval()
+        their_model = theirs_runs(lambda: nano.GPT(nano.GPTConfig(**SAMPLING, dropout=0.0)).to(device).eval())()
+    their_generate = theirs_runs(lambda idx, new_tokens: their_model.generate(idx, new_tokens))
     fill, full = (torch.randint(0, 65, (1, n), device=device) for n in (PROMPT, SAMPLING["block_size"]))
     sampling = interleaved({
         ("fill", "ours"): lambda: ours_model.generate(fill, NEW_TOKENS),
-        ("fill", "nanoGPT"): lambda: their_model.generate(fill, NEW_TOKENS),
+        ("fill", "nanoGPT"): lambda: their_generate(fill, NEW_TOKENS),
         ("past", "ours"): lambda: ours_model.generate(full, PAST_TOKENS),
-        ("past", "nanoGPT"): lambda: their_model.generate(full, PAST_TOKENS)}, device, rounds, repeats=1, warmup=1)
+        ("past", "nanoGPT"): lambda: their_generate(full, PAST_TOKENS)}, device, rounds, repeats=1, warmup=1)
     recipe_s = RECIPE_STEPS * step["nanoGPT"] + RECIPE_EVALS * 2 * RECIPE_EVAL_ITERS * step["nanoGPT eval batch"]
     return dict(step_ms={"ours": step["ours"] * 1000, "nanoGPT": step["nanoGPT"] * 1000},
                 eval_batch_ms=step["nanoGPT eval batch"] * 1000, recipe_seconds=recipe_s,
@@ -499,10 +518,8 @@ def main():
         nano = load_nanogpt(args.nanogpt)
         try:
             v = figures["versus_nanogpt"] = versus_nanogpt(nano, device)
-        # Another project's model.py: its GPT takes other arguments, or returns other things.
-        except (TypeError, AttributeError, ValueError, IndexError, KeyError, RuntimeError) as e:
-            raise ValueError(f"the GPT of {args.nanogpt}/model.py does not run as nanoGPT's does "
-                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): pass "
+        except TheirFault as e:
+            raise ValueError(f"the GPT of {args.nanogpt}/model.py does not run as nanoGPT's does ({e}): pass "
                              f"--nanogpt the folder of nanoGPT's model.py") from None
         print(f"beside nanoGPT's model.py from {args.nanogpt}, interleaved in this run, medians:")
         print(f"{'':58s} {'this project':>13s} {'nanoGPT':>9s} {'ratio':>6s}")

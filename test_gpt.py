@@ -2134,6 +2134,52 @@ def test_bench_with_another_projects_model_py_is_one_line(tmp_path):
     assert done.returncode == 1 and "(it is not a regular file)" in done.stderr, done.stderr
 
 
+class NanoGPTConfig:
+    def __init__(self, **options):
+        self.__dict__.update(options)
+
+
+class NanoGPTThatCannotSample(torch.nn.Module):
+    """nanoGPT's interface, whose generate fails as another project's model.py might."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, y=None):
+        return None, (self.w * 0).sum() + 1.0
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.SGD(self.parameters(), lr=learning_rate)
+
+    def generate(self, idx, max_new_tokens):
+        raise IndexError("index out of range in self")
+
+
+def test_bench_times_steps_with_either_optimizer_and_blames_the_other_model_py_for_its_own_errors_alone(monkeypatch):
+    for optimizer in ("muon", "adamw"):  # the default's step and nanoGPT's recipe's
+        tc = gpt.TrainConfig(optimizer=optimizer, batch_size=2, block_size=16)
+        step = bench.our_step(tc.model_config(vocab_size=65, n_layer=1, n_head=2, n_embd=32), tc, torch.device("cpu"))
+        assert math.isfinite(step().item()) and step().item() < math.log(65) + 1
+
+    def once(fns, *args, **kwargs):  # each timed call made once, timed as a second
+        for fn in fns.values():
+            fn()
+        return dict.fromkeys(fns, 1.0)
+
+    monkeypatch.setattr(bench, "interleaved", once)
+    nano = types.SimpleNamespace(GPT=NanoGPTThatCannotSample, GPTConfig=NanoGPTConfig)
+    with pytest.raises(bench.TheirFault, match="^IndexError: index out of range in self$"):
+        bench.versus_nanogpt(nano, torch.device("cpu"))
+
+    def out_of_memory():
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(bench, "our_step", lambda *args: out_of_memory)  # an error of this project's own side
+    with pytest.raises(RuntimeError, match="out of memory"):
+        bench.versus_nanogpt(nano, torch.device("cpu"))
+
+
 # ---------------------------------------------------------------------------------------------------- the optimizers
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_on_one_schedule(tmp_path):
     tc = tiny_train_config(tmp_path, optimizer="muon", out_dir="", muon_lr=0.02, learning_rate=4e-3, tie_weights=False)
