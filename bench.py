@@ -200,6 +200,9 @@ def theirs_runs(fn):
     def call(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        # A GPU out of memory is the machine's limit, not the other model.py's fault.
+        except torch.OutOfMemoryError:
+            raise
         except (TypeError, AttributeError, ValueError, IndexError, KeyError, RuntimeError) as e:
             raise TheirFault(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     return call
