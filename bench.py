@@ -1,7 +1,7 @@
 """Measures gpt.py on this machine; every figure it prints comes from the run that prints it.
 
-    python bench.py                             # matmul peaks, training steps, sampling, the NumPy
-                                                # twin, reading a text into token ids
+    python bench.py                             # matmul peaks, training steps, Muon's step, sampling,
+                                                # the NumPy twin, reading a text into token ids
     python bench.py --nanogpt ~/src/nanoGPT     # the same run beside nanoGPT's model.py, from your
                                                 # checkout of it
     python bench.py --gpt2                      # greedy sampling at GPT-2 small's shape beside
@@ -35,6 +35,7 @@ import cli
 import gpt
 import gpt2
 import gpt_numpy
+import muon
 import train
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu")
@@ -106,10 +107,11 @@ def batches(block_size, batch_size, device, seed=0):
 
 
 def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
-    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers."""
+    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers (Muon's
+    products batched, as muon.py takes them)."""
     torch.manual_seed(0)
     model = gpt.GPT(config).to(device)
-    optimizers = gpt.configure_optimizers(model, tc, device.type)
+    optimizers = muon.batched(gpt.configure_optimizers(model, tc, device.type))
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
     return lambda: gpt.train_step(stepped, optimizers, [next(data)], tc.grad_clip, amp)
 
@@ -134,6 +136,21 @@ def bench_training(device, peaks, bf16):
         rows.append(dict(name=name, dtype=dtype, ms_per_iter=t[name, dtype] * 1000, tokens_per_s=tokens,
                          mfu=tokens * flops_per_token(config) / 1e9 / peaks[torch_dtype[dtype]]))
     return rows
+
+
+def bench_muon(device, rounds=5):
+    """ms per Muon step on the 16 matrices of the default CPU model: torch.optim.Muon's, one matrix at a time, and
+    muon.BatchedMuon's, the matrices of a shape as one batch; interleaved."""
+    tc = gpt.TrainConfig(optimizer="muon")
+    steps = {}
+    for name, wrap in (("torch.optim.Muon", list), ("muon.BatchedMuon", muon.batched)):
+        torch.manual_seed(0)
+        model = gpt.GPT(tc.model_config(vocab_size=65)).to(device)
+        optimizers = wrap(gpt.configure_optimizers(model, tc, device.type))
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        steps[name] = optimizers[1].step
+    return {name: seconds * 1000 for name, seconds in interleaved(steps, device, rounds, repeats=20).items()}
 
 
 def bench_sampling(device, rounds=3):
@@ -364,6 +381,8 @@ def bench_optimizers(seconds, data, optimizers=cli.CHOICES["optimizer"], **chang
         tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                                        eval_iters=1, device="cpu"), **changes, "optimizer": optimizer})
         trainer = gpt.Trainer(tc, text, log=lambda *args: None)
+        # As train.py steps them.
+        trainer.optimizers = muon.batched(trainer.optimizers)
         for _ in trainer.steps():
             pass
         runs[optimizer] = dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000,
@@ -563,12 +582,15 @@ def main():
         bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else native_bf16()
         n, peaks = matmul_peaks([torch.float32] + ([torch.bfloat16] if bf16 else []), device)
         figures.update(matmul_gflops=peaks, training=bench_training(device, peaks, bf16),
-                       sampling_tokens_per_s=bench_sampling(device))
+                       muon_step_ms=bench_muon(device), sampling_tokens_per_s=bench_sampling(device))
         print(f"native bf16: {bf16 or 'none found'}; matmul peak ({n}x{n}): "
               + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
         print(f"\n{'training':34s} {'dtype':14s} {'ms/iter':>8s} {'tok/s':>8s} {'MFU':>6s}")
         for r in figures["training"]:
             print(f"{r['name']:34s} {r['dtype']:14s} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
+        m = figures["muon_step_ms"]
+        print(f"\nMuon's step on the default CPU model's 16 matrices: torch.optim.Muon {m['torch.optim.Muon']:.1f} ms, "
+              f"muon.BatchedMuon {m['muon.BatchedMuon']:.1f} ms, {m['torch.optim.Muon'] / m['muon.BatchedMuon']:.1f}x")
         s = figures["sampling_tokens_per_s"]
         print(f"\nsampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context ({SAMPLING['n_layer']} layers, "
               f"{SAMPLING['n_embd']} wide): KV cache {s['kv_cache']:.0f} tok/s, a full forward per token "

@@ -373,17 +373,18 @@ def restore(trainer, ckpt):
     trainer.generator.set_state(ckpt["rng"]["batches"])
 
 
-# What each optimizer keeps for a parameter: the names of its state, each True when it has the
-# parameter's shape and type, False for a number (a tensor of no dimension).
-OPTIMIZER_STATE = {"AdamW": {"exp_avg": True, "exp_avg_sq": True, "step": False},
-                   "Muon": {"momentum_buffer": True}}
+# What each kind of optimizer keeps for a parameter (muon.BatchedMuon is a torch.optim.Muon): the
+# names of its state, each True when it has the parameter's shape and type, False for a number (a
+# tensor of no dimension).
+OPTIMIZER_STATE = {torch.optim.AdamW: {"exp_avg": True, "exp_avg_sq": True, "step": False},
+                   torch.optim.Muon: {"momentum_buffer": True}}
 
 
 def state_fits(optimizer, saved):
     """Whether saved, an optimizer's state_dict() as a checkpoint holds it, is one that optimizer
     can step on: a state for some of its parameters, each of the names, shapes and types it keeps."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    kept = OPTIMIZER_STATE[type(optimizer).__name__]
+    kept = next(kept for kind, kept in OPTIMIZER_STATE.items() if isinstance(optimizer, kind))
     ids = [i for group in saved["param_groups"] for i in group["params"]]
     if sorted(ids) != list(range(len(params))) or not set(saved["state"]) <= set(ids):
         return False
