@@ -6,12 +6,13 @@ shape taken as one batch: the same update, in less than half the time at gpt.py'
 
 torch.optim.Muon orthogonalises one matrix at a time: five iterations of three small products
 each, 240 products a step for the 16 matrices of the default model, each too small to keep the CPU
-busy. The blocks' matrices come in four shapes, so stacking those of a shape gives a dozen batched
-products (bmm) an iteration instead, large enough for the CPU's bfloat16 units. Everything else is
-torch's Muon: the momentum, the quintic iteration and its coefficients, the bfloat16 products, the
-learning rate scaled by the matrix's shape, the decoupled weight decay, and the state it keeps, so
-a checkpoint's optimizer state moves between the two either way. train.py and bench.py use it;
-gpt.py, which is read alone, keeps torch's.
+busy. The blocks' matrices come in four shapes, three once the tall ones are turned wide, so
+stacking those of a shape gives nine batched products (torch.bmm) an iteration instead, large
+enough for the CPU's bfloat16 units. Everything else is torch's Muon: the momentum, the quintic
+iteration and its coefficients, the bfloat16 products, the learning rate scaled by the matrix's
+shape, the decoupled weight decay, and the state it keeps, so a checkpoint's optimizer state moves
+between the two either way. train.py and bench.py use it; gpt.py, which is read alone, keeps
+torch's.
 """
 import math
 
