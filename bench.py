@@ -108,10 +108,10 @@ def batches(block_size, batch_size, device, seed=0):
 
 def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
     """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers (Muon's
-    products batched, as muon.py takes them)."""
+    products batched and its stacked maps orthogonalised alone, as muon.py takes them)."""
     torch.manual_seed(0)
     model = gpt.GPT(config).to(device)
-    optimizers = muon.batched(gpt.configure_optimizers(model, tc, device.type))
+    optimizers = muon.batched(gpt.configure_optimizers(model, tc, device.type), model)
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
     return lambda: gpt.train_step(stepped, optimizers, [next(data)], tc.grad_clip, amp)
 
@@ -139,14 +139,16 @@ def bench_training(device, peaks, bf16):
 
 
 def bench_muon(device, rounds=5):
-    """ms per Muon step on the 16 matrices of the default CPU model: torch.optim.Muon's, one matrix at a time, and
-    muon.BatchedMuon's, the matrices of a shape as one batch; interleaved."""
+    """ms per Muon step on the 16 weights of the default CPU model: torch.optim.Muon's, one matrix at a time, and
+    muon.BatchedMuon's as train.py takes it, the matrices of a shape as one batch; interleaved."""
     tc = gpt.TrainConfig(optimizer="muon")
     steps = {}
-    for name, wrap in (("torch.optim.Muon", list), ("muon.BatchedMuon", muon.batched)):
+    for name in ("torch.optim.Muon", "muon.BatchedMuon"):
         torch.manual_seed(0)
         model = gpt.GPT(tc.model_config(vocab_size=65)).to(device)
-        optimizers = wrap(gpt.configure_optimizers(model, tc, device.type))
+        optimizers = gpt.configure_optimizers(model, tc, device.type)
+        if name == "muon.BatchedMuon":
+            optimizers = muon.batched(optimizers, model)
         for p in model.parameters():
             p.grad = torch.randn_like(p)
         steps[name] = optimizers[1].step
@@ -382,7 +384,7 @@ def bench_optimizers(seconds, data, optimizers=cli.CHOICES["optimizer"], **chang
                                        eval_iters=1, device="cpu"), **changes, "optimizer": optimizer})
         trainer = gpt.Trainer(tc, text, log=lambda *args: None)
         # As train.py steps them.
-        trainer.optimizers = muon.batched(trainer.optimizers)
+        trainer.optimizers = muon.batched(trainer.optimizers, trainer.model)
         for _ in trainer.steps():
             pass
         runs[optimizer] = dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000,

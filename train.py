@@ -4,8 +4,8 @@ Data-parallel over GPUs or CPU processes: torchrun --standalone --nproc_per_node
 gpt.py holds the model and the training loop, gpt.Trainer.steps(). This file is the command line
 around that loop and what a long run needs: reading a text of any size, DDP, resuming, starting from
 GPT-2's weights, saving on Ctrl-C and the signals schedulers send, the NaN stop, progress lines with
-an ETA, Muon's batched step (muon.py), and a closing report (out_dir/report.html) with a
-sample.
+an ETA, Muon's batched step with q, k and v apart (muon.py), and a closing report
+(out_dir/report.html) with a sample.
 """
 import sys
 
@@ -400,8 +400,9 @@ class Run(gpt.Trainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Muon's same update, its products batched by the matrices' shapes: a faster step.
-        self.optimizers = muon.batched(self.optimizers)
+        # Muon's products batched by the matrices' shapes, a faster step, and each of the stacked
+        # maps (q, k and v; gate and up) orthogonalised alone, a better one.
+        self.optimizers = muon.batched(self.optimizers, self.model)
 
     def evaluate(self):
         if self.signals is None:
