@@ -27,6 +27,8 @@ import math
 
 import torch
 
+import gpt
+
 
 def orthogonalize(updates, coefficients, steps, eps):
     """Each 2-D update made nearly orthogonal, as torch.optim.Muon's Newton-Schulz iteration makes
@@ -61,14 +63,15 @@ def lr_scale(shape, adjust_lr_fn):
 
 
 def pieces(model):
-    """{weight: how many maps it stacks} for the model's weights that hold several maps in one: the
-    attention's c_attn (query, key and value) and SwiGLU's c_fc (gate and up projection)."""
+    """{weight: how many maps it stacks} for a gpt.GPT's weights that hold several maps in one (also
+    inside torch.compile or DDP): the attention's c_attn (query, key and value) and SwiGLU's c_fc
+    (gate and up projection)."""
     stacked = {}
-    for name, p in model.named_parameters():
-        if name.endswith("attn.c_attn.weight"):
-            stacked[p] = 3
-        elif name.endswith("mlp.c_fc.weight") and model.config.mlp == "swiglu":
-            stacked[p] = 2
+    for module in model.modules():
+        if isinstance(module, gpt.CausalSelfAttention):
+            stacked[module.c_attn.weight] = 3
+        elif isinstance(module, gpt.MLP) and module.swiglu:
+            stacked[module.c_fc.weight] = 2
     return stacked
 
 

@@ -2271,6 +2271,7 @@ def test_muon_pieces_name_the_weights_that_stack_maps_and_train_py_steps_them_ap
     stacked = muon.pieces(model)
     assert sorted(names[id(p)] for p in stacked) == sorted(list(maps) * TINY["n_layer"])
     assert all(k == maps[names[id(p)]] for p, k in stacked.items())
+    assert muon.pieces(torch.nn.ModuleDict(dict(module=model))) == stacked  # as inside DDP's or compile's wrapper
     tc = gpt.TrainConfig(**{**TINY, "mlp": mlp}, optimizer="muon", out_dir="", device="cpu")
     run = train.Run(tc, TEXT, log=quiet)
     assert set(map(id, run.optimizers[1].pieces)) == set(map(id, muon.pieces(run.model))) != set()
