@@ -1,6 +1,7 @@
-"""Muon as torch.optim.Muon steps it, with the Newton-Schulz products of all the matrices of one
-shape taken as one batch, and a weight that stacks several maps side by side orthogonalised map by
-map. train.py and bench.py step with it; gpt.py, which is read alone, keeps torch's.
+"""Muon for gpt.py's models: torch.optim.Muon's update with the Newton-Schulz products of all the
+matrices of one shape taken as one batch (faster), and each weight that stacks several maps side by
+side orthogonalised map by map (better). train.py and bench.py step with it; gpt.py, which is read
+alone, keeps torch's.
 
     trainer = gpt.Trainer(tc, data)
     trainer.optimizers = muon.batched(trainer.optimizers, trainer.model)
