@@ -16,11 +16,9 @@ is the median of its rounds. Machines differ 2-3x in speed: set a figure only be
 """
 import argparse
 import contextlib
-import dataclasses
 import importlib.util
 import io
 import json
-import math
 import os
 import signal
 import statistics
@@ -32,6 +30,7 @@ import time
 import torch
 
 import cli
+import data
 import gpt
 import gpt2
 import gpt_numpy
@@ -198,7 +197,7 @@ def load_nanogpt(folder):
     path = os.path.join(folder, "model.py")
     if not os.path.exists(path):
         raise ValueError(f"no model.py in {folder}: pass --nanogpt the folder of nanoGPT's model.py")
-    cli.check_file(path, "nanoGPT's model.py", "--nanogpt the folder of", 16 << 20)
+    data.check_file(path, "nanoGPT's model.py", "--nanogpt the folder of", 16 << 20)
     spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -345,17 +344,17 @@ def weight_reads(device, rounds=7):
     return dict(megabytes=size / 1e6, **{name: size / seconds / 1e9 for name, seconds in t.items()})
 
 
-def bench_quality(seconds, data):
+def bench_quality(seconds, path):
     """Trains the default CPU config for `seconds` of wall time; returns the final val loss (100 batches)."""
     lines = []
     with tempfile.TemporaryDirectory() as out_dir:
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                              eval_iters=100, device="cpu")
-        trainer, stopped = train.run(tc, cli.read_text(data), log=lines.append)
+        trainer, stopped = train.run(tc, data.read_text(path), log=lines.append)
     if stopped:  # Ctrl-C or another stopping signal, which train.run turns into a save and a return
         print(f"{signal.Signals(stopped).name}: stopped after {trainer.elapsed:.0f} s, so no val loss", file=sys.stderr)
         sys.exit(128 + stopped)
-    return dict(seconds=seconds, data=data, iters=trainer.it, val_loss=trainer.history[-1]["val"],
+    return dict(seconds=seconds, data=path, iters=trainer.it, val_loss=trainer.history[-1]["val"],
                 report=next(line for line in lines if line.startswith("what context buys")))
 
 
@@ -373,16 +372,18 @@ def fixed_val_loss(trainer, batches=100, seed=0):
     return total / batches
 
 
-def bench_optimizers(seconds, data, optimizers=cli.CHOICES["optimizer"], **changes):
+def bench_optimizers(seconds, path, optimizers=cli.CHOICES["optimizer"], **changes):
     """Trains the default CPU config with each optimizer for `seconds` of wall time, one after the other in this
     process on the same text; {optimizer: its steps, ms per step and val loss on a fixed set of 100 val batches}.
     changes: other TrainConfig options, the same for every run."""
-    text = cli.read_text(data)
+    text, tokenizer = data.read_data(data.read_text(path))
     runs = {}
     for optimizer in optimizers:
         tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                                        eval_iters=1, device="cpu"), **changes, "optimizer": optimizer})
-        trainer = gpt.Trainer(tc, text, log=lambda *args: None)
+        # train.py's checks of the data, before minutes of training.
+        data.check_fits(text, tokenizer.vocab_size, tc.block_size)
+        trainer = gpt.Trainer(tc, text, tokenizer, log=lambda *args: None)
         # As train.py steps them.
         trainer.optimizers = muon.batched(trainer.optimizers, trainer.model)
         for _ in trainer.steps():
@@ -394,13 +395,13 @@ def bench_optimizers(seconds, data, optimizers=cli.CHOICES["optimizer"], **chang
 
 ENCODE = """
 import sys, time, tracemalloc
-import cli
+import data
 start = time.perf_counter()
-ids, chars = cli.encode_file(sys.argv[1])
+ids, chars = data.encode_file(sys.argv[1])
 seconds = time.perf_counter() - start
 del ids
 tracemalloc.start()
-ids, chars = cli.encode_file(sys.argv[1])
+ids, chars = data.encode_file(sys.argv[1])
 peak = tracemalloc.get_traced_memory()[1]
 print(len(ids), ids.dtype, len(chars), seconds, peak)
 """
@@ -473,19 +474,12 @@ NOT_SET = ("out_dir", "device", "max_time", "max_iters", "eval_interval", "eval_
 
 def train_option(text):
     """An argparse type: OPTION=VALUE, an option of TrainConfig and a value its train.py flag takes, held to the same
-    rules (cli.LIMITS, cli.CHOICES)."""
+    rules (cli.option_rule)."""
     name, _, value = text.partition("=")
-    kinds = {f.name: f.type for f in dataclasses.fields(gpt.TrainConfig) if f.name not in NOT_SET}
-    if name not in kinds:
-        raise argparse.ArgumentTypeError(f"{text!r}: --set takes OPTION=VALUE, OPTION one of {', '.join(kinds)}")
-    if kinds[name] is bool:
-        return name, cli.parse_bool(value)
-    if name in cli.CHOICES and value not in cli.CHOICES[name]:
-        raise argparse.ArgumentTypeError(f"{name} must be one of {', '.join(cli.CHOICES[name])}, got {value}")
-    if name in cli.CHOICES:
-        return name, value
-    low, high = cli.LIMITS.get(name, (-math.inf, math.inf))
-    return name, cli.number(kinds[name], lambda v: low <= v < high, f"in [{low}, {high})")(value)
+    names = [name for name in cli.OPTION_TYPES if name not in NOT_SET]
+    if name not in names:
+        raise argparse.ArgumentTypeError(f"{text!r}: --set takes OPTION=VALUE, OPTION one of {', '.join(names)}")
+    return name, cli.parse_option(name, value)
 
 
 def main():
@@ -614,9 +608,10 @@ if __name__ == "__main__":
     try:
         main()
     # A bad --data, --device, --nanogpt or --json; out of memory; a full disk under --json.
-    except (ValueError, OSError, RuntimeError, MemoryError) as e:
-        cli.fail(cli.one_line(e, "run it on a machine with more memory"))
+    # Before OSError, of which it is one: a reader gone away (python bench.py | head -1).
     except BrokenPipeError:
         cli.end_quietly()
+    except (ValueError, OSError, RuntimeError, MemoryError) as e:
+        cli.fail(cli.one_line(e, "run it on a machine with more memory"))
     except KeyboardInterrupt:  # Ctrl-C: what was measured is printed already
         sys.exit(130)

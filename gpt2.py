@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-import cli
+import data
 import gpt
 
 # GPT-2's four sizes, as the Hugging Face hub names them.
@@ -87,7 +87,7 @@ def read_safetensors(path):
     [begin, end]}} with offsets counted from the header's end; then the tensors' bytes, which must
     follow each other without a gap or an overlap and fill the rest of the file. Each rule broken
     is a ValueError of one line."""
-    size = cli.check_file(path, "GPT-2's weights", None)
+    size = data.check_file(path, "GPT-2's weights", None)
     with open(path, "rb") as f:
         start = f.read(8)
         header_size = struct.unpack("<Q", start)[0] if len(start) == 8 else size
@@ -122,8 +122,8 @@ def read_safetensors(path):
             tensors[name] = torch.empty(shape, dtype=dtype)
             # torch.frombuffer needs a writable buffer, and one byte at least.
             if end > begin:
-                data = bytearray(f.read(end - begin))
-                tensors[name] = torch.frombuffer(data, dtype=dtype).reshape(shape)
+                raw = bytearray(f.read(end - begin))
+                tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(shape)
     return tensors
 
 
@@ -189,7 +189,7 @@ def read_weights(folder):
     if os.path.exists(safetensors):
         return read_safetensors(safetensors)
     path = os.path.join(folder, "pytorch_model.bin")
-    cli.check_file(path, "GPT-2's weights", None)
+    data.check_file(path, "GPT-2's weights", None)
     try:
         # A plain pickle brings warnings of torch's own: the one line below says all there is.
         with warnings.catch_warnings():
@@ -208,11 +208,11 @@ def load(source, device=""):
     save_pretrained or huggingface-cli download leaves it (config.json with model.safetensors or
     pytorch_model.bin), or a name of SIZES. Its files are held to their formats, and everything
     amiss is one line."""
-    device = cli.usable_device(str(device))
+    device = gpt.get_device(str(device))
     folder = folder_of(source)
     try:
         path = os.path.join(folder, "config.json")
-        cli.check_file(path, "GPT-2's config", None, CONFIG_LIMIT)
+        data.check_file(path, "GPT-2's config", None, CONFIG_LIMIT)
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
         if not isinstance(config, dict) or config.get("model_type") != "gpt2":
@@ -293,7 +293,7 @@ def load_tokenizer(folder=None):
     files = [os.path.join(folder or "", name) for name in ("vocab.json", "merges.txt")]
     has_files = folder is not None and all(os.path.exists(path) for path in files)
     for path in files if has_files else []:
-        cli.check_file(path, "GPT-2's tokenizer", None, TOKENIZER_LIMIT)
+        data.check_file(path, "GPT-2's tokenizer", None, TOKENIZER_LIMIT)
     where = folder if has_files else "transformers' cache"
     try:
         found = GPT2TokenizerFast.from_pretrained(folder if has_files else "gpt2",
@@ -313,15 +313,3 @@ def checked(encode, decode, which):
                          f"(vocab.json, merges.txt) are missing or empty")
     return encode, decode
 
-
-def tokenizer_of(ckpt, chars_tokenizer, folder=None):
-    """The tokenizer a checkpoint was trained with: its characters', GPT-2's, a cli.Named for one of
-    the user's own that it only names, or None for ids of no tokenizer."""
-    name = ckpt.get("tokenizer")
-    if chars_tokenizer is not None:
-        return chars_tokenizer
-    if name == Tokenizer.name:
-        return Tokenizer(folder)
-    if name is None:
-        return None
-    return cli.Named(name, ckpt["config"]["vocab_size"])

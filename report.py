@@ -4,9 +4,9 @@ the val loss at each position of the context (what each token of context buys), 
 of every layer and head for one line of the held-out text, the closing sample, the model and the
 run's figures.
 
-train.py writes it when a run ends, or a signal stops it; python sample.py --report rebuilds it from
-any checkpoint and its text. The pictures are inline SVG written here, the attention maps in them
-small PNG images: the page fetches nothing and runs no script.
+train.py writes it when a run ends (a run a signal stops leaves it to python sample.py --report,
+which rebuilds it from any checkpoint and its text). The pictures are inline SVG written here, the
+attention maps in them small PNG images: the page fetches nothing and runs no script.
 """
 import base64
 import html
@@ -370,3 +370,21 @@ def write(trainer, path, by_position, sample, figures):
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def make(trainer, out_dir, figures, log):
+    """The closing report of a run: what context buys and a sample, each told to log, and the page,
+    out_dir/report.html (none for ""), whose path it returns. An OSError says the page was not
+    written."""
+    by_position = loss_by_position(trainer)
+    log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one token of context, all "
+        f"a bigram model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
+    sample = closing_sample(trainer)
+    log("sample:\n" + sample)
+    if not out_dir:
+        return None
+    path = os.path.join(out_dir, "report.html")
+    try:
+        return write(trainer, path, by_position, sample, figures)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write {path} ({e.strerror}): the report was not written") from None

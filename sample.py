@@ -9,11 +9,12 @@ import sys
 try:
     import itertools
     import math
-    import os
 
     import torch
 
+    import checkpoint
     import cli
+    import data
     import gpt
     import gpt2
     import report
@@ -51,11 +52,11 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="", help="cpu, cuda, cuda:N or mps (default: the best available)")
     parser.add_argument("--report", action="store_true",
                         help="instead: write out_dir/report.html from the checkpoint and --data")
-    parser.add_argument("--data", default="input.txt",
-                        help="for --report: the text (or .bin of token ids) the checkpoint was trained on, "
-                             "whose last 10%% is held out (default: %(default)s)")
-    parser.add_argument("--dtype", choices=cli.ID_DTYPES, default="uint16",
-                        help="for --report on a .bin --data: its ids' type (default: %(default)s)")
+    parser.add_argument("--data",
+                        help="for --report, which needs it: the text (or .bin of token ids) the "
+                             "checkpoint was trained on, whose last 10%% is held out")
+    parser.add_argument("--dtype", choices=data.ID_DTYPES,
+                        help="for --report on a .bin --data: its ids' type (default: uint16)")
     return parser.parse_args(argv)
 
 
@@ -103,26 +104,27 @@ def print_samples(model, tokenizer, start, args, device):
 
 
 def write_report(model, tokenizer, ckpt, path, args, device):
-    """Rebuilds the report of the run that wrote the checkpoint at path, on --data's held-out part."""
+    """Rebuilds the report of the run that wrote the checkpoint at path, on --data's held-out part,
+    with the checks train.py holds the data to."""
     advice = "it can still sample, without --report"
-    options = cli.recorded_options(ckpt, path, advice)
-    tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
-    # The model's own options, and a context no longer than its own.
-    tc = cli.keep_model_options(tc, model.config, {}, "--report", print)
-    data, tokenizer = cli.read_data(cli.DataFile(args.data, args.dtype), tokenizer)
-    trainer = gpt.Trainer(tc, data, tokenizer, model.train(), log=lambda *a: None)
-    cli.check_resumable(ckpt, trainer, path, advice)
-    cli.restore(trainer, ckpt)
+    if args.data is None:
+        raise ValueError("--report evaluates the model on the text it was trained on: give that "
+                         "text, or its .bin of token ids, with --data")
+    tc = checkpoint.recorded_config(ckpt, path, model.config, device, advice)
+    if not data.is_ids(data.DataFile(args.data)):
+        checkpoint.needs_tokenizer(tokenizer, path, "give --data its .bin of token ids")
+    ids, tokenizer = data.read_data(data.DataFile(args.data, args.dtype), tokenizer,
+                                    advice="give --data the text it was trained on")
+    data.check_fits(ids, tc.vocab_size, tc.block_size)
+    trainer = gpt.Trainer(tc, ids, tokenizer, model.train(), log=lambda *a: None)
+    checkpoint.resume(trainer, ckpt, path, advice)
     if not trainer.history:
         raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)
-    page_path = os.path.join(args.out_dir, "report.html")
-    by_position = report.loss_by_position(trainer)
     try:
-        page = report.write(trainer, page_path, by_position, report.closing_sample(trainer), figures)
+        page = report.make(trainer, args.out_dir, figures, log=lambda *a: None)
     except OSError as e:
-        raise ValueError(f"cannot write {page_path} ({e.strerror}): the report was not written; the "
-                         f"checkpoint is as it was") from None
+        raise ValueError(f"{e.strerror}; the checkpoint is as it was") from None
     print(f"wrote {page}: open it in a browser")
 
 
@@ -135,7 +137,7 @@ def main(argv=None):
     cli.printable_stdout()
     try:
         device = cli.usable_device(args.device)
-        path = os.path.join(args.out_dir, "ckpt.pt")
+        path = checkpoint.path_in(args.out_dir)
         ckpt = {}
         if args.init_from:
             if args.report:
@@ -143,17 +145,14 @@ def main(argv=None):
             model = gpt2.load(args.init_from, device)
             tokenizer = gpt2.Tokenizer(gpt2.folder_of(args.init_from))
         else:
-            model, tokenizer, ckpt = cli.load(path, device)
-            tokenizer = gpt2.tokenizer_of(ckpt, tokenizer)
+            model, tokenizer, ckpt = checkpoint.load(path, device)
         if args.report:
             return write_report(model, tokenizer, ckpt, path, args, device)
-        if tokenizer is None or isinstance(tokenizer, cli.Named):
-            raise ValueError(f"{path} was trained on token ids of a tokenizer it only names "
-                             f"({ckpt.get('tokenizer')}), so it cannot be decoded here: sample it from "
-                             f"Python with your tokenizer (the README shows how)")
+        checkpoint.needs_tokenizer(tokenizer, path, "it cannot be decoded here: sample it from "
+                                   "Python with your tokenizer (the README shows how)")
         start = default_prompt(tokenizer) if args.start is None else args.start
         if start.startswith("FILE:"):
-            start = cli.read_text(start[5:], "the prompt file", "--start FILE:path to")
+            start = data.read_text(start[5:], "the prompt file", "--start FILE:path to")
         if not start:
             raise ValueError("--start is empty: give it a character or more, or leave it out for the "
                              "default prompt")

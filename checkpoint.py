@@ -1,0 +1,304 @@
+"""A saved run, from the command lines' side. gpt.py writes out_dir/ckpt.pt (gpt.Trainer.save) and
+reads its model back (gpt.load_checkpoint); this file is the one that opens any checkpoint a user
+hands over and reads its keys: it checks it (finite weights, the model's shapes, the optimizers'
+states, the evaluations), restores a gpt.Trainer from it, gives the options it recorded and the
+tokenizer it needs, and keeps the run's folder (writable, one run at a time).
+
+    model, tokenizer, ckpt = checkpoint.load(checkpoint.path_in("out"), "cpu")
+    tc = checkpoint.resumed_config(tc, ckpt, path, given, print)
+    checkpoint.resume(trainer, ckpt, path)
+"""
+import dataclasses
+import math
+import os
+import re
+
+import torch
+
+import cli
+import gpt
+import gpt2
+
+
+def path_in(out_dir):
+    """The checkpoint of the run in out_dir."""
+    return os.path.join(out_dir, "ckpt.pt")
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def load(path, device):
+    """(model in eval mode on device, its tokenizer, the checkpoint) from gpt.load_checkpoint, with
+    one line that says what is wrong when path holds no checkpoint that can be used. The tokenizer
+    is the one it was trained with: its characters', GPT-2's, a Named for one of the user's own, or
+    None for ids of no tokenizer."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
+    try:
+        model, tokenizer, ckpt = gpt.load_checkpoint(path, device)
+        # Else decoding a sampled token would fail, or give other characters than the training's.
+        if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
+            raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of "
+                             f"{model.config.vocab_size}")
+    except Exception as e:
+        # torch's own messages go on for lines, and advise weights_only=False, no help here.
+        first = re.split(r"(?<=\.)\s|\n", str(e).strip())[0]
+        raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}"
+                         f"{': ' + first if first else ''}); train a new one with python train.py") from None
+    if not all(w.isfinite().all() for w in ckpt["model"].values()):
+        raise ValueError(f"{path} holds weights that are NaN or inf, from a run that diverged: train "
+                         f"anew, with a lower --learning_rate")
+    name = ckpt.get("tokenizer")
+    if tokenizer is None and name == gpt2.Tokenizer.name:
+        tokenizer = gpt2.Tokenizer()
+    elif tokenizer is None and name is not None:
+        tokenizer = Named(name, model.config.vocab_size)
+    return model, tokenizer, ckpt
+
+
+class Named:
+    """The tokenizer of a checkpoint that records only its name (one of the user's own): a run
+    resumed on its token ids keeps the name for its next checkpoint; nothing here can use it."""
+
+    def __init__(self, name, vocab_size):
+        self.name = name
+        self.vocab_size = vocab_size
+        self.absent = (f"the tokenizer {name!r} is the user's own, not here: give its token ids "
+                       f"(--data FILE.bin), or use it from Python")
+
+    def encode(self, text):
+        raise ValueError(self.absent)
+
+    def decode(self, ids):
+        raise ValueError(self.absent)
+
+
+def usable(tokenizer):
+    """Whether tokenizer can encode and decode here: not None (ids of no tokenizer), nor a Named."""
+    return tokenizer is not None and not isinstance(tokenizer, Named)
+
+
+def needs_tokenizer(tokenizer, path, advice):
+    """Refuses, in one line that ends with advice, a checkpoint whose tokenizer is not usable here."""
+    if not usable(tokenizer):
+        name = getattr(tokenizer, "name", None)
+        raise ValueError(f"{path} was trained on token ids of a tokenizer it only names ({name}): "
+                         f"{advice}")
+
+
+# ---------------------------------------------------------------------------------------------- options
+# The model's options: --resume and --init_from keep the model's own and name those given that
+# differ. block_size is the training's context too, which may be shorter than the model's.
+MODEL_OPTIONS = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name != "block_size"]
+# A resumed run goes on with its recorded random streams, so a seed given then would be recorded
+# without being used: it is named as ignored, like the model's options.
+KEPT_ON_RESUME = ["seed"]
+
+
+def recorded_options(ckpt, path, advice):
+    """The TrainConfig options a checkpoint recorded, but out_dir and device (those are the new
+    run's), each held to the rule of its flag: a value no run could have recorded is refused in one
+    line that ends with advice."""
+    recorded = ckpt.get("train_config", {})
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path} records its options as {type(recorded).__name__}, not a dict: "
+                         f"it is damaged or hand-made; {advice}")
+    options = {}
+    for name, value in recorded.items():
+        if name not in cli.OPTION_TYPES or name in ("out_dir", "device"):
+            continue
+        if not cli.allowed(name, value):
+            raise ValueError(f"{path} records {name} = {value!r}, which no run could have: it is "
+                             f"damaged or hand-made; {advice}")
+        # A float option may have been recorded as a whole number.
+        options[name] = float(value) if cli.OPTION_TYPES[name] is float else value
+    return options
+
+
+def keep_model_options(tc, config, given, why, log):
+    """tc with the model options of config, naming those given that differ as ignored; the
+    training's block_size may be the model's or shorter."""
+    ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
+               if name in given and given[name] != getattr(config, name)]
+    if ignored:
+        log(f"{why} keeps the model's options, so these are ignored: {', '.join(ignored)}")
+    block_size = min(tc.block_size, config.block_size) if "block_size" not in given else tc.block_size
+    if block_size > config.block_size:
+        raise ValueError(f"--block_size {block_size} is beyond the model's context of "
+                         f"{config.block_size}: give at most that")
+    options = {name: getattr(config, name) for name in MODEL_OPTIONS}
+    return dataclasses.replace(tc, **options, block_size=block_size)
+
+
+def resumed_config(tc, ckpt, path, given, log):
+    """The options a resumed run trains with: those the checkpoint recorded, then those given
+    (recorded in the next checkpoint, as they run). The model's own options and the seed stay, and
+    those given that differ are named as ignored."""
+    recorded = recorded_options(ckpt, path, "train without --resume")
+    # The optimizers' states in the checkpoint are those of the optimizer it recorded.
+    optimizer = recorded.get("optimizer", "adamw")
+    if given.get("optimizer", optimizer) != optimizer:
+        raise ValueError(f"{path} was trained with --optimizer {optimizer}, whose state it holds: "
+                         f"resume it with that optimizer (leave out --optimizer), or train anew")
+    ignored = [f"--{name} {given[name]}" for name in KEPT_ON_RESUME
+               if name in given and name in recorded and given[name] != recorded[name]]
+    if ignored:
+        log(f"--resume goes on with the run's random streams, so these are ignored: "
+            f"{', '.join(ignored)}")
+    given = {k: v for k, v in given.items() if k not in KEPT_ON_RESUME or k not in recorded}
+    kept = {k: v for k, v in recorded.items() if k not in given}
+    tc = dataclasses.replace(tc, **kept, **given)
+    return keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
+
+
+def recorded_config(ckpt, path, config, device, advice):
+    """The TrainConfig of the run that wrote the checkpoint, to evaluate its model (config) again
+    on device without writing anything: its recorded options, its model's own, a context no longer
+    than its own."""
+    options = recorded_options(ckpt, path, advice)
+    tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
+    return keep_model_options(tc, config, {}, "--report", print)
+
+
+# ---------------------------------------------------------------------------------------------- resuming
+# A step count that no run reaches: anything beyond is a damaged or hand-made checkpoint.
+MAX_ITER = 2 ** 53
+
+
+def finite(value, low=-math.inf):
+    """Whether value is a number (an int or a float, not a bool) from low up, and not NaN or inf."""
+    return type(value) in (int, float) and low <= value < math.inf
+
+
+# What each kind of optimizer keeps for a parameter (muon.BatchedMuon is a torch.optim.Muon): the
+# names of its state, each True when it has the parameter's shape and type, False for a number (a
+# tensor of no dimension).
+OPTIMIZER_STATE = {torch.optim.AdamW: {"exp_avg": True, "exp_avg_sq": True, "step": False},
+                   torch.optim.Muon: {"momentum_buffer": True}}
+
+
+def state_fits(optimizer, saved):
+    """Whether saved, an optimizer's state_dict() as a checkpoint holds it, is one that optimizer
+    can step on: a state for some of its parameters, each of the names, shapes and types it keeps."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    kept = next(kept for kind, kept in OPTIMIZER_STATE.items() if isinstance(optimizer, kind))
+    ids = [i for group in saved["param_groups"] for i in group["params"]]
+    if sorted(ids) != list(range(len(params))) or not set(saved["state"]) <= set(ids):
+        return False
+    for i, state in saved["state"].items():
+        if sorted(state) != sorted(kept):
+            return False
+        for name, like_param in kept.items():
+            shape = params[i].shape if like_param else ()
+            dtype = params[i].dtype if like_param else state[name].dtype
+            if not (torch.is_tensor(state[name]) and state[name].is_floating_point()
+                    and state[name].shape == shape and state[name].dtype == dtype):
+                return False
+    return True
+
+
+def check_resumable(ckpt, trainer, path, advice="train without --resume"):
+    """What a checkpoint brings to resume (or to rebuild its report), checked against the model
+    before an optimizer ever steps on it: a moment of the wrong shape makes the fused AdamW write
+    out of bounds. A message that refuses it ends with advice."""
+    missing = [key for key in ("optimizers", "iter", "elapsed", "rng", "history") if key not in ckpt]
+    if missing:
+        raise ValueError(f"{path} has no {', '.join(missing)}: it can sample, but not resume; "
+                         f"{advice}")
+    wrong = f"{path} holds a training state that does not fit its model"
+    iteration = ckpt["iter"]
+    if not (type(iteration) is int and 0 <= iteration < MAX_ITER):
+        raise ValueError(f"{wrong}: iteration {iteration!r}; {advice}")
+    if not finite(ckpt["elapsed"], 0):
+        raise ValueError(f"{wrong}: {ckpt['elapsed']!r} seconds of training; {advice}")
+    try:
+        saved = ckpt["optimizers"]
+        fits = len(saved) == len(trainer.optimizers) and all(
+            state_fits(optimizer, state) for optimizer, state in zip(trainer.optimizers, saved))
+        # Each evaluation: its step, its clock and learning rate, and its finite losses, which the
+        # report draws.
+        fits = fits and all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER
+                            and finite(h["seconds"], 0) and finite(h["lr"], 0)
+                            and finite(h["train"]) and finite(h["val"]) for h in ckpt["history"])
+    except (KeyError, TypeError, AttributeError, IndexError):
+        fits = False
+    if not fits:
+        raise ValueError(f"{wrong}: the optimizers' states or the evaluations; {advice}")
+
+
+def restore(trainer, ckpt):
+    """Puts trainer where the checkpoint's run stood: each optimizer's state (AdamW's moments,
+    Muon's momentum) comes back, while their hyperparameters (learning rate, weight decay, betas)
+    stay this run's, as trainer.tc sets them; then the step, the clock, the evaluations and the
+    random states."""
+    for optimizer, saved in zip(trainer.optimizers, ckpt["optimizers"], strict=True):
+        own = optimizer.state_dict()["param_groups"]
+        optimizer.load_state_dict({"state": saved["state"], "param_groups": own})
+    trainer.it = ckpt["iter"]
+    trainer.elapsed = ckpt["elapsed"]
+    trainer.history = ckpt["history"]
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    trainer.generator.set_state(ckpt["rng"]["batches"])
+
+
+def resume(trainer, ckpt, path, advice="train without --resume"):
+    """Checks the checkpoint's training state against trainer, then restores it; one line that
+    ends with advice when it does not fit."""
+    check_resumable(ckpt, trainer, path, advice)
+    try:
+        restore(trainer, ckpt)
+    except (RuntimeError, TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"{path} holds a training state that does not fit its model "
+                         f"({type(e).__name__}); {advice}") from None
+
+
+def evaluation_pending(trainer):
+    """Whether the run stopped after a step that evaluates and before its evaluation (a signal in
+    that step, or during the evaluation): resuming runs it first, as the run would have."""
+    tc = trainer.tc
+    due = trainer.it % tc.eval_interval == 0 or trainer.done()
+    done = trainer.history and trainer.history[-1]["iter"] == trainer.it
+    return trainer.it > 0 and due and not done
+
+
+# ---------------------------------------------------------------------------------------------- out_dir
+def check_out_dir(out_dir):
+    """An --out_dir that cannot be written fails now, by its real cause, not at the first save
+    after minutes of training; so do a checkpoint and its temporary file that are not files."""
+    path = path_in(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):
+            if os.path.lexists(name) and not os.path.isfile(name):
+                raise ValueError(f"cannot write {path}: {name} is there, and not a file: remove it, "
+                                 f"or pass another --out_dir")
+        with open(path + ".probe", "wb"):
+            pass
+        os.remove(path + ".probe")
+    except OSError as e:
+        # makedirs says only "File exists" of a file where the folder should be.
+        reason = f"{out_dir} is there, and not a folder" if isinstance(e, FileExistsError) else e.strerror
+        raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
+
+
+def own_out_dir(out_dir):
+    """Locks out_dir/train.lock for as long as this process lives, so that one run at a time trains
+    there. The operating system releases the lock of a process that ends, a crashed one too."""
+    try:
+        import fcntl
+    # Windows has no fcntl: runs there are not kept apart.
+    except ImportError:
+        return None
+    lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise ValueError(f"{out_dir} is in use by a training run ({holder}): wait for it to end, or "
+                         f"pass another --out_dir") from None
+    lock.truncate(0)
+    lock.write(f"process {os.getpid()} on {os.uname().nodename}\n")
+    lock.flush()
+    return lock
+
