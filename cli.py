@@ -204,19 +204,22 @@ def fail(message):
 
 
 def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
-    """What the error says, its first line; out of memory or a failed torch.compile, with advice.
-    Any other RuntimeError is a bug, raised again with its traceback, which helps to find it."""
+    """What the error says, on one line; out of memory or a failed torch.compile, with advice. Any
+    other RuntimeError is a bug, raised again with its traceback, which helps to find it."""
     text = str(error).strip()
     first = (text.splitlines() or [""])[0]
-    # MemoryError is Python's; torch reports "... can't allocate memory", "CUDA out of memory" or
-    # C++'s std::bad_alloc.
-    if isinstance(error, MemoryError) or "memory" in text.lower() or "bad_alloc" in text:
+    # MemoryError is Python's; torch reports "... can't allocate memory", "CUDA out of memory",
+    # C++'s std::bad_alloc, or, for sizes beyond any memory, an overflowed storage size.
+    if isinstance(error, MemoryError) or any(s in text.lower() for s in ("memory", "bad_alloc",
+                                                                         "size calculation overflow")):
         return f"out of memory ({first or type(error).__name__}): {advice}"
     # An OSError made here, (errno, message): the message, without its "[Errno N]".
     if isinstance(error, OSError) and error.strerror and error.filename is None:
-        return error.strerror.splitlines()[0]
+        text = error.strerror
+    # Messages made here are one line, but for a path or a name given with a newline in it, which
+    # is shown escaped so that the reason and the advice after it stay.
     if isinstance(error, (ValueError, OSError)):
-        return first
+        return text.replace("\n", "\\n")
     # torch.compile's, with --compile.
     if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
         return f"torch.compile failed ({first}): train without --compile"

@@ -186,7 +186,9 @@ def read_weights(folder):
     """The state dict in folder's model.safetensors, else its pytorch_model.bin, read as tensors
     alone: a .bin that holds code or other objects is not loaded."""
     safetensors = os.path.join(folder, "model.safetensors")
-    if os.path.exists(safetensors):
+    # lexists: a link to a missing file (a Hugging Face cache without its blob) or a loop of links
+    # is the file meant, and check_file says what is wrong with it.
+    if os.path.lexists(safetensors):
         return read_safetensors(safetensors)
     path = os.path.join(folder, "pytorch_model.bin")
     data.check_file(path, "GPT-2's weights", None)
@@ -291,14 +293,19 @@ def load_tokenizer(folder=None):
         raise ValueError("GPT-2's tokens need tiktoken or transformers, and neither is installed: "
                          "pip install tiktoken") from None
     files = [os.path.join(folder or "", name) for name in ("vocab.json", "merges.txt")]
-    has_files = folder is not None and all(os.path.exists(path) for path in files)
+    has_files = folder is not None and all(os.path.lexists(path) for path in files)
     for path in files if has_files else []:
         data.check_file(path, "GPT-2's tokenizer", None, TOKENIZER_LIMIT)
     where = folder if has_files else "transformers' cache"
     try:
         found = GPT2TokenizerFast.from_pretrained(folder if has_files else "gpt2",
                                                   local_files_only=True)
-    except Exception:
+    except Exception as e:
+        if has_files:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise ValueError(f"GPT-2's tokenizer files in {folder} (vocab.json, merges.txt) could not "
+                             f"be read ({type(e).__name__}: {first}): they are damaged; fetch them "
+                             f"again with huggingface-cli download gpt2 vocab.json merges.txt") from None
         raise ValueError(f"GPT-2's tokenizer files (vocab.json, merges.txt) are not in {where}: pip "
                          f"install tiktoken, or fetch them with huggingface-cli download gpt2 "
                          f"vocab.json merges.txt") from None

@@ -136,6 +136,10 @@ def main(argv=None):
                  "with its output open (to a file: > samples.txt)")
     cli.printable_stdout()
     try:
+        # Options that cannot apply are refused, never dropped.
+        if not args.report and (args.data or args.dtype):
+            raise ValueError("--data and --dtype are for --report, which evaluates the model on its "
+                             "text: give --report, or leave them out to sample")
         device = cli.usable_device(args.device)
         path = checkpoint.path_in(args.out_dir)
         ckpt = {}
