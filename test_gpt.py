@@ -175,13 +175,22 @@ def test_loss_at_init_is_that_of_a_uniform_guess():
 
 
 def test_overfits_one_batch():
-    model = tiny_model()
     idx = torch.randint(0, 13, (4, 12), generator=torch.Generator().manual_seed(0))
     idx[:, 0] = torch.arange(4)  # distinct first tokens: every position's context is unique, so loss can reach 0
-    optimizer = gpt.configure_optimizers(model, gpt.TrainConfig(learning_rate=1e-2, weight_decay=0.0))
-    for _ in range(300):
-        loss = gpt.train_step(model, optimizer, [(idx[:, :-1], idx[:, 1:])])
-    assert loss.item() < 0.05
+    for optimizer in ("adamw", "muon"):
+        model = tiny_model()
+        tc = gpt.TrainConfig(learning_rate=1e-2, min_lr=0.0, warmup_iters=0, max_iters=300, weight_decay=0.0,
+                             optimizer=optimizer)
+        optimizers = gpt.configure_optimizers(model, tc)
+        for it in range(tc.max_iters):
+            # Decayed as the Trainer decays it: Muon's orthogonalised step keeps its size however small the
+            # gradient, so at a constant rate the loss never settles, and where it stands at the end is
+            # down to how the CPU rounds its bfloat16 products.
+            for opt in optimizers:
+                for group in opt.param_groups:
+                    group["lr"] = gpt.lr_at(tc, it, 0.0) * opt.defaults["lr"] / tc.learning_rate
+            loss = gpt.train_step(model, optimizers, [(idx[:, :-1], idx[:, 1:])])
+        assert loss.item() < 0.05, optimizer
 
 
 # -------------------------------------------------------------------------------------------- sampling and the KV cache
