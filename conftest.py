@@ -1,0 +1,162 @@
+"""Fixtures and helpers shared by the test files. Run the tests: python -m pytest -q
+
+A timeout here only catches a hang: every one is minutes, far beyond what a slow, busy machine takes.
+"""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpt
+import gpt2
+import gpt_numpy
+import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = dict(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16)
+SWITCHES = {  # every architecture switch appears on and off
+    "llama": dict(),
+    "gpt2": dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bias=True),
+    "mix": dict(norm="layernorm", pos="rope", mlp="gelu", tie_weights=False, bias=True),
+    "mix2": dict(norm="rmsnorm", pos="learned", mlp="swiglu", tie_weights=False, bias=False),
+}
+TEXT = Path(HERE, "input.txt").read_text(encoding="utf-8")[:30_000]
+FIXTURE = os.path.join(HERE, "fixtures", "tiny_gpt2")
+# A limit for a subprocess: it only catches a hang.
+HANG = 600
+
+
+def tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return gpt.GPT(gpt.GPTConfig(**{**TINY, **overrides}))
+
+
+def tiny_train_config(tmp_path, **overrides):
+    return gpt.TrainConfig(**{**dict(out_dir=str(tmp_path / "out"), max_iters=8, eval_interval=4, eval_iters=2,
+                                     batch_size=4, block_size=16, n_layer=1, n_head=2, n_embd=16, warmup_iters=2,
+                                     device="cpu"), **overrides})
+
+
+def tiny_flags(tmp_path, **overrides):
+    """The command line of tiny_train_config, with its text in tmp_path/data.txt."""
+    data = tmp_path / "data.txt"
+    if not data.exists():
+        data.write_text(TEXT, encoding="utf-8")
+    tc = tiny_train_config(tmp_path, **overrides)
+    defaults = gpt.TrainConfig()
+    return ["--data", str(data)] + [f"--{f.name}={getattr(tc, f.name)}" for f in dataclasses.fields(tc)[1:]
+                                    if getattr(tc, f.name) != getattr(defaults, f.name)]
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def run_cli(*args, cwd=HERE, env=None, **kwargs):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=HANG,
+                          env=None if env is None else {**os.environ, **env}, **kwargs)
+
+
+def one_line_error(capsys, module, *args):
+    """Runs module.main(args) in this process; returns its one-line error, after checking that it is one."""
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(list(args))
+    code = exit_info.value.code
+    message = code if isinstance(code, str) else capsys.readouterr().err.strip()
+    assert code not in (0, None) and message and "\n" not in message.strip() and "Traceback" not in message, message
+    return message
+
+
+def interrupted(args, after_line, after_seconds=0.0):
+    """Runs python args, sends it Ctrl-C once a line of its output starts with after_line (then after_seconds more);
+    returns (exit status, stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell
+    said = ""
+    for line in proc.stdout:
+        said += line
+        if line.startswith(after_line):
+            break
+    time.sleep(after_seconds)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=HANG)
+    return proc.returncode, said + out, err
+
+
+class ByteTokenizer:
+    """A tokenizer of another kind than gpt.py's: one token per UTF-8 byte."""
+    name = "bytes"
+    vocab_size = 256
+
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------------- a trained run
+@pytest.fixture(scope="session")
+def trained_dir(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("trained")
+    train.run(tiny_train_config(tmp_path, max_iters=2), TEXT, quiet)
+    return str(tmp_path / "out")
+
+
+def hand_made(trained_dir, folder, change):
+    """A copy of the trained checkpoint, changed by change(ckpt), in folder/ckpt.pt."""
+    ckpt = torch.load(os.path.join(trained_dir, "ckpt.pt"), weights_only=True)
+    change(ckpt)
+    os.makedirs(folder, exist_ok=True)
+    torch.save(ckpt, os.path.join(folder, "ckpt.pt"))
+
+
+def set_in(keys, value):
+    def change(ckpt):
+        target = ckpt
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+    return change
+
+
+# ---------------------------------------------------------------------------------------------------- GPT-2's fixture
+def fixture_weights():
+    return gpt2.read_safetensors(os.path.join(FIXTURE, "model.safetensors"))
+
+
+def fixture_logits():
+    """The fixture's fixed ids, and the logits transformers computed for them (fixtures/make_tiny_gpt2.py)."""
+    with open(os.path.join(FIXTURE, "logits.json"), encoding="utf-8") as f:
+        computed = json.load(f)
+    return torch.tensor(computed["ids"]), torch.tensor(computed["logits"])
+
+
+# ---------------------------------------------------------------------------------------------------- the NumPy twin
+TWIN_CONFIGS = {  # B=3, T=7 < block_size=8
+    "gpt2": dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bias=True),
+    "llama": dict(norm="rmsnorm", pos="rope", mlp="swiglu", tie_weights=False, bias=False),
+    "mix": dict(norm="layernorm", pos="rope", mlp="swiglu", tie_weights=True, bias=True),
+    "mix2": dict(norm="rmsnorm", pos="learned", mlp="gelu", tie_weights=False, bias=False),
+}
+
+
+def twin_pair(name, dtype=torch.float64):
+    """A torch model with weights moved off their init values, the twin on copies of them, and a batch."""
+    config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16, **TWIN_CONFIGS[name])
+    model = tiny_model(seed=3, **vars(config)).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))  # norm gains away from 1, biases away from 0
+    gen = torch.Generator().manual_seed(4)
+    idx, targets = torch.randint(0, 5, (3, 7), generator=gen), torch.randint(0, 11, (3, 7), generator=gen)
+    assert len(idx.unique()) < idx.numel()  # repeated tokens: their embedding gradients must add up
+    twin = gpt_numpy.GPT(config, {n: p.detach().numpy().copy() for n, p in model.named_parameters()})
+    return model, twin, idx, targets

@@ -1,0 +1,132 @@
+"""Tests of bench.py."""
+import math
+import os
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench
+import gpt
+import muon
+from conftest import HERE, TEXT, run_cli, interrupted
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--quality", "1", "--json", "FOLDER"], "cannot write"),  # before the run, not after it has measured for minutes
+    (["--nanogpt", "FOLDER"], "no model.py in"),
+    (["--nanogpt", "EXITS"], "cannot import GPT and GPTConfig from"),
+    (["--device", "meta"], "device 'meta' is unknown or not on this machine"),  # tensors without values
+    (["--device", "cuda:99"], "device 'cuda:99' is unknown or not on this machine"),
+])
+def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, flags, match):
+    os.makedirs(tmp_path / "FOLDER")
+    os.makedirs(tmp_path / "EXITS")
+    (tmp_path / "EXITS" / "model.py").write_text("import sys\nsys.exit(0)\n")
+    done = run_cli("bench.py", *[str(tmp_path / f) if f.isupper() else f for f in flags])
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and match in done.stderr, done.stderr
+    assert "val loss" not in done.stdout
+
+
+def test_bench_with_another_projects_model_py_is_one_line(tmp_path):
+    (tmp_path / "model.py").write_text("class GPTConfig:\n    pass\n\nclass GPT:\n    def __init__(self, config):\n"
+                                       "        raise TypeError('this GPT takes no config')\n")
+    done = run_cli("bench.py", "--nanogpt", str(tmp_path))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: the GPT of {tmp_path}/model.py does not run as nanoGPT's does (TypeError: ")
+    os.remove(tmp_path / "model.py")
+    os.mkfifo(tmp_path / "model.py")
+    done = run_cli("bench.py", "--nanogpt", str(tmp_path))
+    assert done.returncode == 1 and "(it is not a regular file)" in done.stderr, done.stderr
+
+
+def test_bench_gpt2_without_transformers_is_one_line(tmp_path):
+    (tmp_path / "transformers.py").write_text("raise ImportError('no transformers here')\n")
+    done = run_cli("bench.py", "--gpt2", env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 1 and done.stderr == "error: --gpt2 times transformers' generate, and transformers " \
+                                                   "is not installed: pip install transformers\n", done.stderr
+
+
+def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path):
+    (tmp_path / "text").write_text(TEXT, encoding="utf-8")
+    (tmp_path / "bench.json").write_text('{"figures": "of the run before"}')
+    status, out, err = interrupted(["bench.py", "--quality", "600", "--data", str(tmp_path / "text"),
+                                    "--json", str(tmp_path / "bench.json")], "torch ", 3.0)
+    assert status == 130 and re.fullmatch(r"SIGINT: stopped after \d+ s, so no val loss\n", err), err
+    assert (tmp_path / "bench.json").read_text() == '{"figures": "of the run before"}'
+
+
+def test_bench_measures_reading_a_text_into_ids(tmp_path):
+    figures = __import__("bench").bench_encoding(megabytes=2, source=str(Path(HERE, "input.txt")))
+    assert figures["characters"] > 1_900_000 and figures["dtype"] == "uint8" and figures["vocab_size"] == 83
+    assert figures["mb_per_s"] > 0 and 0 < figures["bytes_per_char"] < 20
+
+
+class NanoGPTConfig:
+    def __init__(self, **options):
+        self.__dict__.update(options)
+
+
+class NanoGPTThatCannotSample(torch.nn.Module):
+    """nanoGPT's interface, whose generate fails as another project's model.py might."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, y=None):
+        return None, (self.w * 0).sum() + 1.0
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.SGD(self.parameters(), lr=learning_rate)
+
+    def generate(self, idx, max_new_tokens):
+        raise IndexError("index out of range in self")
+
+
+def test_bench_times_steps_with_either_optimizer_and_blames_the_other_model_py_for_its_own_errors_alone(monkeypatch):
+    for optimizer in ("muon", "adamw"):  # the default's step and nanoGPT's recipe's
+        tc = gpt.TrainConfig(optimizer=optimizer, batch_size=2, block_size=16)
+        step = bench.our_step(tc.model_config(vocab_size=65, n_layer=1, n_head=2, n_embd=32), tc, torch.device("cpu"))
+        assert math.isfinite(step().item()) and step().item() < math.log(65) + 1
+
+    def once(fns, *args, **kwargs):  # each timed call made once, timed as a second
+        for fn in fns.values():
+            fn()
+        return dict.fromkeys(fns, 1.0)
+
+    monkeypatch.setattr(bench, "interleaved", once)
+    nano = types.SimpleNamespace(GPT=NanoGPTThatCannotSample, GPTConfig=NanoGPTConfig)
+    with pytest.raises(bench.TheirFault, match="^IndexError: index out of range in self$"):
+        bench.versus_nanogpt(nano, torch.device("cpu"))
+
+    def out_of_memory():
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(bench, "our_step", lambda *args: out_of_memory)  # an error of this project's own side
+    with pytest.raises(RuntimeError, match="out of memory"):
+        bench.versus_nanogpt(nano, torch.device("cpu"))
+
+
+def test_bench_times_muons_step_one_matrix_at_a_time_and_batched(monkeypatch):
+    stepped = []
+
+    def once(fns, *args, **kwargs):  # each step taken once, timed as a second
+        for name, fn in fns.items():
+            fn()
+            stepped.append((name, type(fn.__self__)))
+        return dict.fromkeys(fns, 1.0)
+
+    monkeypatch.setattr(bench, "interleaved", once)
+    assert bench.bench_muon(torch.device("cpu")) == {"torch.optim.Muon": 1000.0, "muon.BatchedMuon": 1000.0}
+    assert stepped == [("torch.optim.Muon", torch.optim.Muon), ("muon.BatchedMuon", muon.BatchedMuon)]
+
+
+def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path, monkeypatch):
+    (tmp_path / "t.txt").write_text(TEXT, encoding="utf-8")
+    runs = bench.bench_optimizers(0.5, str(tmp_path / "t.txt"), n_layer=1, n_embd=16, n_head=2, block_size=16)
+    assert set(runs) == {"adamw", "muon"}
+    for run in runs.values():
+        assert run["iters"] >= 1 and run["ms_per_iter"] > 0 and 0 < run["val_loss"] < 10

@@ -1,0 +1,109 @@
+"""Tests of loading, checking and restoring a saved run."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+import cli
+import gpt
+import sample
+import train
+from conftest import TEXT, tiny_train_config, tiny_flags, quiet, one_line_error, hand_made, set_in
+
+
+def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(tmp_path):
+    tc = tiny_train_config(tmp_path, dropout=0.1)  # dropout: the random states must come back too
+    straight = gpt.Trainer(replace(tc, out_dir=""), TEXT, log=quiet)
+    for _ in straight.steps():
+        pass
+    first = gpt.Trainer(tc, TEXT, log=quiet)
+    for trainer in first.steps():
+        if trainer.it == 5:
+            trainer.save()
+            break
+    model, tokenizer, ckpt = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu")
+    second = gpt.Trainer(replace(tc, out_dir=""), TEXT, tokenizer, model.train(), log=quiet)
+    cli.restore(second, ckpt)
+    assert (second.it, second.elapsed, second.history) == (5, first.elapsed, first.history)
+    for _ in second.steps():
+        pass
+    for (name, p), q in zip(straight.model.state_dict().items(), second.model.state_dict().values()):
+        assert torch.equal(p, q), name  # bit for bit the run that was never stopped
+
+
+def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameters(tmp_path):
+    tc = tiny_train_config(tmp_path)
+    first = gpt.Trainer(tc, TEXT, log=quiet)
+    next(first.steps())
+    first.save()
+    second = gpt.Trainer(replace(tc, weight_decay=0.5, beta2=0.9), TEXT, log=quiet)
+    cli.restore(second, torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True))
+    assert [g["weight_decay"] for g in second.optimizers[0].param_groups] == [0.5, 0.0]
+    assert all(g["betas"] == (0.9, 0.9) for g in second.optimizers[0].param_groups)
+    moments = second.optimizers[0].state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(moments, first.optimizers[0].state_dict()["state"][0]["exp_avg"])
+
+
+@pytest.mark.parametrize("change, match", [
+    (set_in(["optimizers"], "x"), "the optimizers' states or the evaluations"),
+    (set_in(["optimizers", 0, "state", 0, "exp_avg"], torch.zeros(3, 3)), "optimizers' states"),  # the fused overrun
+    (set_in(["optimizers", 0, "state", 0, "exp_avg_sq"], "x"), "optimizers' states"),
+    (set_in(["optimizers", 0, "state", 0, "exp_avg"], None), "optimizers' states"),
+    (lambda ckpt: ckpt["optimizers"][0]["state"][0].update(exp_avg=ckpt["optimizers"][0]["state"][0]["exp_avg"].double()
+                                                           ), "optimizers' states"),  # the right shape, another type
+    (set_in(["optimizers", 0, "state", -1], {}), "optimizers' states"),
+    (set_in(["optimizers", 0, "param_groups"], []), "optimizers' states"),
+    (lambda ckpt: ckpt["optimizers"].append(ckpt["optimizers"][0]), "optimizers' states"),
+    (set_in(["iter"], -5), "iteration -5"),
+    (set_in(["iter"], 10 ** 30), "iteration 1000000000000000000000000000000"),
+    (set_in(["iter"], "8"), "iteration '8'"),
+    (set_in(["elapsed"], float("nan")), "nan seconds of training"),
+    (set_in(["elapsed"], -1.0), "-1.0 seconds of training"),
+    (set_in(["elapsed"], "5"), "'5' seconds of training"),
+    (set_in(["history"], [{"iter": 2}]), "the evaluations"),
+    (set_in(["history", 0, "val"], float("nan")), "the evaluations"),  # which the report draws
+    (set_in(["history", 0, "train"], float("inf")), "the evaluations"),
+    (set_in(["history", 0, "lr"], "x"), "the evaluations"),
+    (set_in(["history", 0, "seconds"], -1.0), "the evaluations"),
+    (set_in(["history", 0, "iter"], True), "the evaluations"),
+    (set_in(["history"], 5), "the evaluations"),
+    (set_in(["rng", "torch"], torch.zeros(3, dtype=torch.uint8)), "does not fit its model (RuntimeError)"),
+])
+def test_a_damaged_training_state_is_refused_before_adamw_steps_on_it(tmp_path, capsys, trained_dir, change, match):
+    hand_made(trained_dir, tmp_path / "out", change)
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
+    assert "holds a training state that does not fit its model" in message and match in message, message
+    assert "train without --resume" in message
+
+
+@pytest.mark.parametrize("name, value", [("eval_iters", float("nan")), ("eval_iters", 0), ("grad_clip", "1"),
+                                         ("learning_rate", float("inf")), ("bias", 1), ("seed", -1)])
+def test_a_recorded_option_no_run_could_have_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir,
+                                                                                     name, value):
+    hand_made(trained_dir, tmp_path / "out", set_in(["train_config", name], value))
+    says = f"ckpt.pt records {name} = {value!r}, which no run could have: it is damaged or hand-made; "
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
+    assert says + "train without --resume" in message, message
+    message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
+                             "--data", str(tmp_path / "data.txt"))
+    assert says + "it can still sample, without --report" in message, message
+
+
+def test_a_checkpoint_resumes_with_its_own_optimizer_and_a_forged_muon_state_is_refused(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=2, eval_interval=2, optimizer="muon")
+    train.main(flags)
+    message = one_line_error(capsys, train, *flags, "--resume", "--max_iters", "4", "--optimizer", "adamw")
+    assert "was trained with --optimizer muon, whose state it holds: resume it with that optimizer" in message
+    good = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    buffer = good["optimizers"][1]["state"][0]["momentum_buffer"]
+    for forge in (lambda c: c["optimizers"][1]["state"][0].update(momentum_buffer=torch.zeros(3, 3)),
+                  lambda c: c["optimizers"][1]["state"][0].update(momentum_buffer=buffer.double()),
+                  lambda c: c["optimizers"][1]["state"][0].update(exp_avg=buffer),
+                  lambda c: c["optimizers"].reverse(),  # AdamW's state where Muon's goes
+                  lambda c: c["optimizers"].pop()):
+        ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+        forge(ckpt)
+        torch.save(ckpt, tmp_path / "out" / "ckpt.pt")
+        message = one_line_error(capsys, train, *flags, "--resume", "--max_iters", "4")
+        assert "holds a training state that does not fit its model: the optimizers' states" in message, message
+        torch.save(good, tmp_path / "out" / "ckpt.pt")

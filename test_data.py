@@ -1,0 +1,104 @@
+"""Tests of reading texts and token ids into a run."""
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import cli
+import gpt
+import sample
+import train
+from conftest import TEXT, tiny_flags, one_line_error
+
+
+def test_a_text_is_encoded_a_chunk_at_a_time_with_the_ids_of_its_characters(tmp_path, monkeypatch):
+    text = TEXT[:5000] + "\u00e9\u4e00\U0001f600" * 7  # characters of two, three and four UTF-8 bytes
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(cli, "CHUNK", 1001)  # chunks that cut characters' bytes in two
+    ids, chars = cli.encode_file(str(tmp_path / "t.txt"))
+    tokenizer = gpt.CharTokenizer(text)
+    assert chars == tokenizer.chars and ids.dtype == np.uint8 and ids.tolist() == tokenizer.encode(text)
+    larger = gpt.CharTokenizer(chars + "#")  # a checkpoint's vocabulary, with a character this text lacks
+    again, _ = cli.encode_file(str(tmp_path / "t.txt"), chars=larger.chars)
+    assert again.tolist() == larger.encode(text)
+
+
+@pytest.mark.parametrize("change", ["cut", "new character", "appended", "same size"])
+def test_a_text_that_changes_while_it_is_read_is_refused(tmp_path, monkeypatch, change):
+    path = tmp_path / "t.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    real = cli.text_chunks
+    readings = []
+
+    def changes_after_the_first_reading(name):
+        readings.append(name)
+        if len(readings) == 2:
+            changed = {"cut": TEXT[:20_000], "new character": TEXT[:-1] + "\u00e9",
+                       "appended": TEXT + TEXT[:100], "same size": TEXT[::-1]}[change]
+            path.write_text(changed, encoding="utf-8")
+            os.utime(path, ns=(time.time_ns() + 10 ** 9,) * 2)
+        return real(name)
+
+    monkeypatch.setattr(cli, "text_chunks", changes_after_the_first_reading)
+    with pytest.raises(ValueError, match=r"changed while it was read: pass --data a text that stays as it is"):
+        cli.encode_file(str(path))
+
+
+def test_a_text_of_more_than_256_characters_trains_from_the_command_line(tmp_path, capsys):
+    chinese = "".join(chr(0x4E00 + i) for i in range(300))  # 300 characters: ids of two bytes
+    (tmp_path / "data.txt").write_text((TEXT[:3000] + chinese) * 4, encoding="utf-8")
+    train.main(tiny_flags(tmp_path, max_iters=4))
+    ids, chars = cli.encode_file(str(tmp_path / "data.txt"))
+    assert ids.dtype == np.uint16 and len(chars) > 256
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["chars"] == chars and ckpt["config"]["vocab_size"] == len(chars)
+    capsys.readouterr()
+    sample.main(["--out_dir", str(tmp_path / "out"), "--start", chinese[:3], "--max_new_tokens", "20"])
+    assert capsys.readouterr().out.startswith(chinese[:3])
+
+
+def test_token_ids_in_a_bin_file_train_from_the_command_line_and_sample_py_says_it_cannot_decode_them(
+        tmp_path, capsys):
+    ids = np.array(gpt.CharTokenizer(TEXT).encode(TEXT), dtype=np.uint16)
+    ids.tofile(tmp_path / "train.bin")
+    train.main(["--data", str(tmp_path / "train.bin"), *tiny_flags(tmp_path, max_iters=4)[2:]])
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["config"]["vocab_size"] == int(ids.max()) + 1 and ckpt["chars"] is None
+    assert "bits per character" not in capsys.readouterr().out  # ids, not characters
+    message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
+    assert "was trained on token ids of a tokenizer it only names (None), so it cannot be decoded here" in message
+    train.main(["--data", str(tmp_path / "train.bin"), *tiny_flags(tmp_path, max_iters=6)[2:], "--resume"])
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 6
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=8), "--resume")
+    assert "resume it on the same ids, --data FILE.bin" in message
+
+
+@pytest.mark.parametrize("ids, vocab_size, match", [
+    (np.array([0, 5, 13] * 400, dtype=np.uint8), 13, r"token ids must be in \[0, 13\), the vocabulary; these go from 0 "
+                                                      r"to 13:"),
+    (np.array([0, -1, 3] * 400, dtype=np.int32), 13, "these go from -1 to 3"),
+    (np.array([0, 2 ** 62], dtype=np.int64), None, "the largest token id, 4,611,686,018,427,387,904, implies a"),
+    (np.array([0, 2 ** 32 - 1], dtype=np.uint32), None, "implies a vocabulary of 4,294,967,296, beyond the 1,048,576"),
+])
+def test_ids_outside_the_vocabulary_or_too_large_for_any_are_refused_in_one_line(ids, vocab_size, match):
+    with pytest.raises(ValueError, match=match):
+        cli.check_ids(ids, vocab_size or cli.implied_vocab_size(ids))
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--data", "HUGE_ID.bin", "--dtype", "int64"], "the largest token id, 4,611,686,018,427,387,904, implies a "
+                                                     "vocabulary of 4,611,686,018,427,387,905, beyond the 1,048,576"),
+    (["--data", "MAX_U32.bin", "--dtype", "uint32"], "implies a vocabulary of 4,294,967,296, beyond the 1,048,576"),
+    (["--data", "NEGATIVE.bin", "--dtype", "int32", "--vocab_size", "10"], "these go from -1 to 5"),
+    (["--data", "IDS.bin", "--vocab_size", str(10 ** 12)], "argument --vocab_size: must be in [1, 1048577)"),
+])
+def test_token_ids_that_would_build_a_vocabulary_beyond_any_run_are_one_line(tmp_path, capsys, flags, match):
+    np.array([0, 5, 2 ** 62] * 1000, dtype=np.int64).tofile(tmp_path / "HUGE_ID.bin")
+    np.array([0, 5, 2 ** 32 - 1] * 1000, dtype=np.uint32).tofile(tmp_path / "MAX_U32.bin")
+    np.array([0, 5, -1] * 1000, dtype=np.int32).tofile(tmp_path / "NEGATIVE.bin")
+    np.arange(3000, dtype=np.uint16).tofile(tmp_path / "IDS.bin")
+    flags = [str(tmp_path / f) if f.endswith(".bin") else f for f in flags]
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path), *flags)
+    assert match in message, message

@@ -1,0 +1,286 @@
+"""Tests of gpt2.py: GPT-2's weights, files and tokens."""
+import dataclasses
+import json
+import os
+import pickle
+import re
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gpt2
+import sample
+import train
+from conftest import TEXT, FIXTURE, run_cli, one_line_error, ByteTokenizer, fixture_weights, fixture_logits
+
+
+def test_gpt2_from_state_dict_computes_the_logits_transformers_computed():
+    weights = fixture_weights()
+    assert "lm_head.weight" not in weights and "transformer.wte.weight" in weights  # tied: stored once
+    ids, expected = fixture_logits()
+    model = gpt2.from_state_dict(weights, n_head=2).eval()
+    assert (model.config.vocab_size, model.config.block_size, model.config.n_layer, model.config.n_embd) == \
+           (256, 64, 2, 64)
+    assert (model.config.norm, model.config.pos, model.config.mlp, model.config.bias) == \
+           ("layernorm", "learned", "gelu", True)
+    torch.testing.assert_close(model(ids)[0], expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    unprefixed = {k.removeprefix("transformer."): w for k, w in weights.items()}
+    assert torch.equal(gpt2.from_state_dict(unprefixed, n_head=2).eval()(ids)[0], model(ids)[0])
+    masks = {**weights, "transformer.h.0.attn.bias": torch.ones(1, 1, 64, 64)}  # as older files hold them
+    assert torch.equal(gpt2.from_state_dict(masks, n_head=2).eval()(ids)[0], model(ids)[0])
+    one_head = gpt2.from_state_dict(weights).eval()  # n_embd // 64: 1 head, not the fixture's 2
+    assert not torch.allclose(one_head(ids)[0], expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda w: w.update({"transformer.h.0.mlp.c_gate.weight": torch.zeros(3)}),
+     "not GPT-2's weights: h.0.mlp.c_gate.weight is not one of GPT-2's tensors"),
+    (lambda w: w.pop("transformer.h.1.ln_2.bias"), "not GPT-2's weights: h.1.ln_2.bias is missing"),
+    (lambda w: w.pop("transformer.wpe.weight"), "wte.weight or wpe.weight is missing"),
+    (lambda w: w.update({"transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 3)}), "size mismatch"),
+])
+def test_gpt2_from_state_dict_uses_every_tensor_and_fills_every_parameter(change, match):
+    weights = fixture_weights()
+    change(weights)
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        gpt2.from_state_dict(weights, n_head=2)
+
+
+@pytest.fixture
+def gpt2_tokens(monkeypatch):
+    """GPT-2's tokenizer as a byte-level stand-in (the fixture's vocabulary is 256): the tests need no tiktoken."""
+    tokenizer = ByteTokenizer()
+    monkeypatch.setattr(gpt2.Tokenizer, "backend", lambda self: (tokenizer.encode, tokenizer.decode))
+    return tokenizer
+
+
+def test_train_py_finetunes_gpt2_from_its_folder_on_ids_and_sample_py_samples_the_checkpoint(
+        tmp_path, capsys, gpt2_tokens):
+    np.array(gpt2_tokens.encode(TEXT), dtype=np.uint16).tofile(tmp_path / "train.bin")
+    flags = ["--init_from", FIXTURE, "--out_dir", str(tmp_path / "out"), "--max_iters", "4", "--eval_interval", "2",
+             "--eval_iters", "2", "--batch_size", "2", "--block_size", "32", "--device", "cpu"]
+    train.main([*flags, "--data", str(tmp_path / "train.bin"), "--learning_rate", "1e-3", "--min_lr", "1e-4"])
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["iter"] == 4 and ckpt["tokenizer"] == "gpt2" and ckpt["chars"] is None
+    assert ckpt["config"] == dataclasses.asdict(gpt2.from_state_dict(fixture_weights(), n_head=2).config)
+    assert ckpt["train_config"]["block_size"] == 32 and ckpt["train_config"]["n_head"] == 2  # what ran
+    start = fixture_weights()["transformer.h.0.attn.c_attn.weight"].t()
+    assert not torch.equal(ckpt["model"]["h.0.attn.c_attn.weight"], start)  # trained
+    capsys.readouterr()
+    sample.main(["--out_dir", str(tmp_path / "out"), "--start", "ROMEO", "--max_new_tokens", "20",
+                 "--num_samples", "1"])
+    assert capsys.readouterr().out.startswith("ROMEO")
+    # A text is read in GPT-2's tokens; the defaults for finetuning are small, constant steps.
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    train.main([*flags, "--data", str(tmp_path / "data.txt"), "--out_dir", str(tmp_path / "text")])
+    ckpt = torch.load(tmp_path / "text" / "ckpt.pt", weights_only=True)
+    assert ckpt["iter"] == 4 and ckpt["train_config"]["learning_rate"] == ckpt["train_config"]["min_lr"] == 3e-5
+
+
+def test_sample_py_samples_gpt2_itself(capsys, gpt2_tokens):
+    sample.main(["--init_from", FIXTURE, "--start", "Hello", "--max_new_tokens", "12", "--temperature", "0",
+                 "--num_samples", "1", "--device", "cpu"])
+    out = capsys.readouterr().out
+    model = gpt2.from_state_dict(fixture_weights(), n_head=2).eval()
+    greedy = model.generate(torch.tensor([gpt2_tokens.encode("Hello")]), 12, temperature=0)
+    assert out == gpt2_tokens.decode(greedy[0].tolist()) + "\n"
+
+
+def test_gpt2s_tokens_without_tiktoken_or_transformers_are_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # an import of either fails
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    (tmp_path / "data.txt").write_text(TEXT)
+    for module, args in ((sample, ["--init_from", FIXTURE]),
+                         (train, ["--init_from", FIXTURE, "--data", str(tmp_path / "data.txt"), "--out_dir",
+                                  str(tmp_path / "out"), "--device", "cpu"])):
+        message = one_line_error(capsys, module, *args)
+        assert "GPT-2's tokens need tiktoken or transformers, and neither is installed: pip install tiktoken" in \
+            message, message
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_a_gpt2_name_is_fetched_through_huggingface_hub_when_it_is_installed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(ValueError, match="with huggingface_hub, which is not installed: pip install huggingface_hub"):
+        gpt2.folder_of("gpt2-medium")
+    asked = []
+
+    class Hub:
+        @staticmethod
+        def snapshot_download(repo_id, allow_patterns):
+            asked.append((repo_id, allow_patterns))
+            return FIXTURE
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", Hub)
+    assert gpt2.load("gpt2", "cpu").config.n_layer == 2
+    assert asked[0][0] == "openai-community/gpt2" and "model.safetensors" in asked[0][1]
+    with pytest.raises(ValueError, match="no such folder, and not one of gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
+        gpt2.folder_of("gpt3")
+
+
+def fake_transformers(monkeypatch, encode_to):
+    """transformers as an offline machine has it: a GPT2TokenizerFast that records how it was asked."""
+    asked = []
+
+    class GPT2TokenizerFast:
+        @staticmethod
+        def from_pretrained(source, **kwargs):
+            asked.append((source, kwargs))
+            if encode_to is None:
+                raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+            return types.SimpleNamespace(encode=lambda text: list(encode_to), decode=lambda ids: "")
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
+    monkeypatch.setitem(sys.modules, "transformers", types.SimpleNamespace(GPT2TokenizerFast=GPT2TokenizerFast))
+    return asked
+
+
+def test_gpt2s_tokenizer_never_waits_on_a_network_and_refuses_one_that_encodes_nothing(monkeypatch):
+    asked = fake_transformers(monkeypatch, encode_to=None)
+    with pytest.raises(ValueError, match=r"GPT-2's tokenizer files \(vocab.json, merges.txt\) are not in "
+                                         r"transformers' cache: pip install tiktoken, or fetch them"):
+        gpt2.tokenizer()
+    assert asked == [("gpt2", {"local_files_only": True})]  # nothing downloaded unasked
+    fake_transformers(monkeypatch, encode_to=[])  # HF_HUB_OFFLINE=1's empty tokenizer
+    with pytest.raises(ValueError, match=r"encodes text to nothing: its files \(vocab.json, merges.txt\) are missing"):
+        gpt2.tokenizer()
+    asked = fake_transformers(monkeypatch, encode_to=[1, 2])
+    folder = Path(FIXTURE)
+    assert gpt2.tokenizer(str(folder)).encode("x") == [1, 2]
+    assert asked == [("gpt2", {"local_files_only": True})]  # the fixture has no tokenizer files
+
+
+# --------------------------------------------------------------------------------------------------- files from outside
+def damage_config(**changes):
+    def change(folder):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return change
+
+
+def as_bin_without(name):
+    def change(folder):
+        weights = fixture_weights()
+        weights.pop(name)
+        torch.save(weights, folder / "pytorch_model.bin")
+        os.remove(folder / "model.safetensors")
+    return change
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda folder: os.remove(folder / "config.json"), "config.json (No such file or directory))"),
+    (lambda folder: (folder / "config.json").write_text("{not json"), "(JSONDecodeError: "),
+    (lambda folder: (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:100_000]),
+     "model.safetensors is damaged: tensor transformer.h.0.mlp.c_fc.weight lies at bytes"),
+    (lambda folder: (folder / "model.safetensors").write_bytes(b"junk" * 100), "is cut short, or not a .safetensors"),
+    (damage_config(n_layer=3), "its config.json disagrees with its weights: n_layer 3 (the tensors' 2)"),
+    (damage_config(model_type="llama"), "its config.json is of a 'llama' model, not gpt2"),
+    (as_bin_without("transformer.h.1.ln_2.bias"), "h.1.ln_2.bias is missing"),
+    (lambda folder: os.remove(folder / "model.safetensors"), "pytorch_model.bin"),
+])
+def test_a_broken_gpt2_folder_is_one_line(tmp_path, capsys, damage, match):
+    folder = tmp_path / "gpt2"
+    shutil.copytree(FIXTURE, folder)
+    damage(folder)
+    message = one_line_error(capsys, sample, "--init_from", str(folder))
+    assert f"{folder} holds no GPT-2 this can load (" in message and match in message, message
+
+
+def safetensors_bytes(header, data):
+    encoded = json.dumps(header).encode()
+    return len(encoded).to_bytes(8, "little") + encoded + data
+
+
+@pytest.mark.parametrize("header, data, match", [
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}}, b"\0" * 8, "outside its 8 bytes of data"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1],
+      "data_offsets": [4, 8]}}, b"\0" * 8, "the bytes of tensor b overlap the tensor before them"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "leave a gap after them"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8, "its tensors end at byte 4 of its 8"),
+    ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "8 bytes for 3 values of 4 bytes"),
+    ({"a": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}, b"\0" * 8, "not a list of whole numbers"),
+    ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "has no type of the format's"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, "8"]}}, b"\0" * 8, "not two whole numbers"),
+    ([1, 2], b"", "its header is not a JSON object"),
+])
+def test_a_safetensors_file_is_held_to_its_format(tmp_path, header, data, match):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes(header, data))
+    with pytest.raises(ValueError, match=re.escape(match)):
+        gpt2.read_safetensors(str(path))
+    twice = b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], ' \
+            b'"data_offsets": [0, 4]}}'
+    path.write_bytes(len(twice).to_bytes(8, "little") + twice + b"\0" * 4)
+    with pytest.raises(ValueError, match="its header is not JSON with unique names .the name 'a' comes twice"):
+        gpt2.read_safetensors(str(path))
+    path.write_bytes((2 ** 40).to_bytes(8, "little") + b"{}")  # a header length past the file and the 100 MB
+    with pytest.raises(ValueError, match="or pass the format's 100 MB"):
+        gpt2.read_safetensors(str(path))
+
+
+def nan_weights(folder):
+    weights = fixture_weights()
+    weights["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
+    header = {}
+    data = b""
+    for name, w in weights.items():
+        raw = w.contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(w.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    (folder / "model.safetensors").write_bytes(safetensors_bytes(header, data))
+
+
+class Malicious:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+@pytest.mark.parametrize("damage, match", [
+    (nan_weights, "(ValueError: its weights hold NaN or inf: the file is damaged)"),
+    (damage_config(n_head=2.0), "(ValueError: its config.json gives n_head = 2.0, not a whole number of at least 1)"),
+    (damage_config(n_head=0), "gives n_head = 0, not a whole number"),
+    (damage_config(n_head=None), "gives n_head = null, not a whole number"),
+    (damage_config(n_head=True), "gives n_head = true, not a whole number"),
+    (damage_config(n_positions="64"), "gives n_positions = \"64\", not a whole number"),
+    (lambda folder: (folder / "config.json").write_text("[1, 2]"), "its config.json is of a None model, not gpt2"),
+    (lambda folder: (os.remove(folder / "model.safetensors"),
+                     torch.save({"x": Malicious()}, folder / "pytorch_model.bin")),
+     "pytorch_model.bin holds code or objects, or is a plain pickle, not tensors as torch.save writes them"),
+    (lambda folder: (os.remove(folder / "model.safetensors"),
+                     torch.save(fixture_weights(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)),
+     None),  # an old raw pickle: loaded, with no warning beside the one line on the missing data
+    (lambda folder: (os.remove(folder / "config.json"), os.mkfifo(folder / "config.json")),
+     "cannot read GPT-2's config"),  # a FIFO, which would block for good
+    (lambda folder: (os.remove(folder / "config.json"), os.symlink("/dev/zero", folder / "config.json")),
+     "(it is not a regular file)"),  # which would be read until memory ran out
+    (lambda folder: (folder / "config.json").write_text(" " * 1_000_001), "more than the 1,000,000 such a file"),
+])
+def test_gpt2_files_from_outside_are_checked_like_checkpoints(tmp_path, capsys, damage, match):
+    folder = tmp_path / "gpt2"
+    shutil.copytree(FIXTURE, folder)
+    damage(folder)
+    message = one_line_error(capsys, train, "--init_from", str(folder), "--data", str(tmp_path / "none.bin"),
+                             "--out_dir", str(tmp_path / "out"))
+    if match is None:
+        assert message.startswith("error: cannot read the file of token ids"), message
+    else:
+        assert f"{folder} holds no GPT-2 this can load (" in message and match in message, message
+    assert "weights_only" not in message and "this ran" not in capsys.readouterr().out
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_a_plain_pickle_of_gpt2s_weights_is_refused_in_one_line_without_torchs_warnings(tmp_path):
+    folder = tmp_path / "gpt2"
+    shutil.copytree(FIXTURE, folder)
+    os.remove(folder / "model.safetensors")
+    with open(folder / "pytorch_model.bin", "wb") as f:
+        pickle.dump(fixture_weights(), f)
+    done = run_cli("sample.py", "--init_from", str(folder), "--max_new_tokens", "3")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr  # torch's two warnings not beside it
+    assert "or is a plain pickle, not tensors as torch.save writes them, so it is not loaded" in done.stderr
+    assert "weights_only" not in done.stderr

@@ -1,0 +1,97 @@
+"""Tests of muon.py: BatchedMuon against torch.optim.Muon, and the pieces it steps apart."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+import cli
+import gpt
+import muon
+import train
+from conftest import TINY, TEXT, quiet
+
+
+# Muon's options as torch.optim.Muon takes them, beyond those gpt.configure_optimizers gives.
+MUON_OPTIONS = [dict(weight_decay=0.1), dict(nesterov=False, weight_decay=0.0),
+                dict(adjust_lr_fn="match_rms_adamw", momentum=0.9, ns_steps=3)]
+
+
+@pytest.mark.parametrize("options", MUON_OPTIONS)
+def test_batched_muon_steps_as_torch_muon_does_on_matrices_of_every_shape(options):
+    # Tall, wide and square; three of a shape once the tall are turned wide (one batch), and one alone.
+    shapes = [(48, 16), (16, 48), (16, 16), (48, 16), (32, 8)]
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    batched = muon.BatchedMuon(ours, lr=0.02, **options)
+    reference = torch.optim.Muon(theirs, lr=0.02, **options)
+    start = [p.detach().clone() for p in ours]
+    for _ in range(3):
+        for p, q in zip(ours, theirs):
+            p.grad = torch.randn(p.shape)
+            q.grad = p.grad.clone()
+        assert batched.step(lambda: torch.tensor(1.5)) == 1.5  # a closure's loss comes back, as torch's does
+        reference.step()
+    for p, q, p0 in zip(ours, theirs, start):
+        # torch runs the products in bfloat16; a batched product may round otherwise than a lone one, by far less
+        # than 2% of what three steps move. Without the Nesterov term, the decay or the shape scale, 15% or more.
+        assert torch.linalg.norm(p - q) < 0.02 * torch.linalg.norm(q - p0), p.shape
+        assert torch.allclose(batched.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"])
+
+
+def test_batched_muon_orthogonalises_each_stacked_map_as_torch_muon_does_a_weight_of_its_own():
+    # A (3n, n) weight of three maps, as c_attn holds q, k and v, and a (2h, n) one of two, as SwiGLU's c_fc.
+    torch.manual_seed(0)
+    stacked = [torch.nn.Parameter(torch.randn(48, 16)), torch.nn.Parameter(torch.randn(40, 16)),
+               torch.nn.Parameter(torch.randn(16, 16))]
+    counts = [3, 2, 1]
+    apart = [torch.nn.Parameter(piece.detach().clone()) for p, k in zip(stacked, counts) for piece in p.chunk(k)]
+    ours = muon.BatchedMuon(stacked, dict(zip(stacked[:2], counts[:2])), lr=0.02, weight_decay=0.1)
+    reference = torch.optim.Muon(apart, lr=0.02, weight_decay=0.1)
+    start = [p.detach().clone() for p in stacked]
+    for _ in range(3):
+        for p, k in zip(stacked, counts):
+            p.grad = torch.randn(p.shape)
+        for q, grad in zip(apart, [g for p, k in zip(stacked, counts) for g in p.grad.chunk(k)]):
+            q.grad = grad.clone()
+        ours.step()
+        reference.step()
+    pieces_of_ours = [piece for p, k in zip(stacked, counts) for piece in p.chunk(k)]
+    moved = [piece for p0, k in zip(start, counts) for piece in p0.chunk(k)]
+    for p, q, p0 in zip(pieces_of_ours, apart, moved):
+        # Orthogonalised as one matrix, or scaled by the whole weight's shape, a map parts by 25% or more.
+        assert torch.linalg.norm(p - q) < 0.02 * torch.linalg.norm(q - p0), q.shape
+
+
+@pytest.mark.parametrize("mlp, maps", [("swiglu", {"c_attn": 3, "c_fc": 2}), ("gelu", {"c_attn": 3})])
+def test_muon_pieces_name_the_weights_that_stack_maps_and_train_py_steps_them_apart(mlp, maps):
+    model = gpt.GPT(gpt.GPTConfig(**{**TINY, "mlp": mlp}))
+    names = {id(p): n.split(".")[-2] for n, p in model.named_parameters()}
+    stacked = muon.pieces(model)
+    assert sorted(names[id(p)] for p in stacked) == sorted(list(maps) * TINY["n_layer"])
+    assert all(k == maps[names[id(p)]] for p, k in stacked.items())
+    assert muon.pieces(torch.nn.ModuleDict(dict(module=model))) == stacked  # as inside DDP's or compile's wrapper
+    tc = gpt.TrainConfig(**{**TINY, "mlp": mlp}, optimizer="muon", out_dir="", device="cpu")
+    run = train.Run(tc, TEXT, log=quiet)
+    assert set(map(id, run.optimizers[1].pieces)) == set(map(id, muon.pieces(run.model))) != set()
+
+
+def test_batched_replaces_torch_muon_alone_with_its_options_and_state_and_either_resumes_the_others_state():
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(**TINY))
+    tc = gpt.TrainConfig(optimizer="muon", muon_lr=0.02, muon_momentum=0.9, weight_decay=0.05)
+    adamw, plain = gpt.configure_optimizers(model, tc)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 8))
+    gpt.train_step(model, [adamw, plain], [(idx, idx)])  # a state to carry
+    same_adamw, fast = muon.batched([adamw, plain])
+    assert same_adamw is adamw and type(fast) is muon.BatchedMuon
+    assert fast.param_groups[0]["params"] == plain.param_groups[0]["params"]
+    for option in ("lr", "momentum", "weight_decay", "nesterov", "ns_steps", "ns_coefficients", "eps"):
+        assert fast.param_groups[0][option] == plain.param_groups[0][option], option
+    for p in plain.param_groups[0]["params"]:
+        assert torch.equal(fast.state[p]["momentum_buffer"], plain.state[p]["momentum_buffer"])
+    # A checkpoint's Muon state loads into either, and fits either as check_resumable sees it.
+    assert cli.state_fits(plain, fast.state_dict()) and cli.state_fits(fast, plain.state_dict())
+    plain.load_state_dict(fast.state_dict())
+    adamw_state = gpt.configure_optimizers(model, replace(tc, optimizer="adamw"))[0].state_dict()
+    assert not cli.state_fits(fast, adamw_state)

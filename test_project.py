@@ -1,0 +1,60 @@
+"""Rules over the whole project: its README, its lines, what it speaks of."""
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from conftest import HERE, run_cli
+
+
+def test_lines_are_at_most_100_characters_in_the_files_people_read_and_120_elsewhere():
+    for path in sorted(Path(HERE).glob("*.py")) + sorted(Path(HERE, "fixtures").glob("*.py")):
+        limit = 100 if path.name in ("gpt.py", "gpt_numpy.py", "muon.py") else 120
+        wide = [i for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > limit]
+        assert not wide, (path.name, wide)
+
+
+def test_the_project_speaks_of_itself_alone():
+    outside = "/".join(["..", "shared"])  # the folder beside a checkout, which a user does not have
+    for path in [*Path(HERE).glob("*.py"), Path(HERE, "README.md"), *Path(HERE, "docs").glob("*.md")]:
+        text = path.read_text(encoding="utf-8")
+        assert outside not in text, path.name
+        if path.suffix == ".md":
+            assert not re.search(r"\bsessions?\b|was lent|were lent", text), path.name
+
+
+def test_the_readme_is_read_in_five_minutes_and_the_docs_it_links_to_exist():
+    readme = Path(HERE, "README.md").read_text(encoding="utf-8")
+    assert len(readme) <= 15_000
+    links = re.findall(r"\]\((docs/[^)]+)\)", readme)
+    assert links and all(Path(HERE, link).is_file() for link in links), links
+
+
+def readme_block(heading):
+    readme = Path(HERE, "README.md").read_text(encoding="utf-8")
+    return re.search(r"```python\n(.*?)```", readme[readme.index(heading):], re.S).group(1)
+
+
+def test_the_readme_block_runs_in_a_folder_with_only_gpt_py_and_input_txt(tmp_path):
+    for name in ("gpt.py", "input.txt"):
+        shutil.copy(os.path.join(HERE, name), tmp_path / name)
+    block = readme_block("## Using it from your own code")
+    done = run_cli("-c", block, cwd=tmp_path, env={"PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"iter 100: train loss [\d.]+, val loss [\d.]+ \([\d.]+ bits per character\)\niter 200: ",
+                     done.stdout), done.stdout  # trained
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 200  # saved
+    sample_text = done.stdout.split("\n", 2)[2]
+    assert sample_text.startswith("ROMEO:") and len(sample_text) >= 206  # loaded and sampled
+    assert sorted(os.listdir(tmp_path)) == ["gpt.py", "input.txt", "out"]
+
+
+def test_the_readme_block_on_your_own_tokens_runs_with_gpt_py_alone(tmp_path):
+    shutil.copy(os.path.join(HERE, "gpt.py"), tmp_path / "gpt.py")
+    block = readme_block("### Your own tokens")
+    done = run_cli("-c", block, cwd=tmp_path, env={"PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr
+    assert "iter 100: train loss" in done.stdout and "bits per character" not in done.stdout, done.stdout
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["chars"] is None and ckpt["tokenizer"] == "bytes" and ckpt["config"]["vocab_size"] == 256

@@ -1,0 +1,92 @@
+"""Tests of report.py: the page train.py and sample.py write."""
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import report
+import sample
+import train
+from conftest import SWITCHES, TEXT, tiny_model, tiny_flags, run_cli, one_line_error, hand_made
+
+
+def report_page(out_dir):
+    return (Path(out_dir) / "report.html").read_text(encoding="utf-8")
+
+
+def test_train_py_writes_a_report_page_and_sample_py_writes_it_again(tmp_path):
+    trained = run_cli("train.py", *tiny_flags(tmp_path, max_iters=12, eval_interval=4, n_layer=2))
+    assert trained.returncode == 0 and trained.stderr == "", trained.stderr
+    assert f"report: {tmp_path / 'out' / 'report.html'}" in trained.stdout
+    page = report_page(tmp_path / "out")
+    assert page.count('<svg class="attention"') == 2 * 2  # one picture per layer and head
+    for name in ("train", "val", "lr"):  # the curves, with a point per evaluation
+        assert page.count(f'<polyline class="series {name}" data-points="3"') == (2 if name != "lr" else 1), name
+    assert page.count('<polyline class="series val" data-points="16"') == 1  # a loss at each of 16 positions
+    assert "http" not in page and "<script" not in page and "<link" not in page  # it fetches and runs nothing
+    assert "bits per character" in page and "data:image/png;base64," in page
+    os.remove(tmp_path / "out" / "report.html")
+    rebuilt = run_cli("sample.py", "--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt"))
+    assert rebuilt.returncode == 0 and rebuilt.stderr == "", rebuilt.stderr
+    again = report_page(tmp_path / "out")
+    assert again.count('<svg class="attention"') == 4 and again.count('data-points="3"') == 5  # 2 charts' curves
+
+
+def test_the_report_draws_every_value_inside_its_axes():
+    for low, high in ((3.08, 4.41), (0.15, 0.37), (30, 90), (1e-4, 3e-3), (2.0, 2.0), (-1.5, 7.0)):
+        ticks = report.nice_ticks(low, high)
+        assert ticks[0] <= low and ticks[-1] >= high and 3 <= len(ticks) <= 12, (low, high, ticks)
+    png = report.png([[(255, 0, 0), (0, 0, 255)]])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IHDR" in png and png.endswith(b"IEND\xaeB`\x82")
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+def test_the_attention_weights_times_v_are_what_the_fused_attention_returns(name):
+    model = tiny_model(**SWITCHES[name]).eval()
+    idx = torch.randint(0, 13, (2, 10))
+    inputs, fused = [], []
+    for block in model.h:  # what each block's attention was given, and what its fused path returned
+        block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[:2]))
+        block.attn.c_proj.register_forward_pre_hook(lambda module, args: fused.append(args[0]))
+    model(idx)
+    maps = report.attention(model, idx)
+    assert maps.shape == (2, 2, 2, 10, 10)  # (n_layer, B, n_head, T, T)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, 10))  # each row a distribution
+    assert torch.all(maps.triu(1) == 0)  # none on later positions
+    for layer, block in enumerate(model.h):
+        _, _, v = report.queries_keys_values(block.attn, *inputs[layer])
+        weighted = (maps[layer] @ v).transpose(1, 2).reshape(2, 10, 16)  # (B, T, C)
+        torch.testing.assert_close(weighted, fused[layer], rtol=1e-5, atol=1e-6)
+
+
+def test_the_report_of_a_checkpoint_without_its_options_takes_the_models(tmp_path, capsys, trained_dir):
+    hand_made(trained_dir, tmp_path / "out", lambda ckpt: ckpt.pop("train_config"))
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt")])
+    assert "wrote" in capsys.readouterr().out  # not the defaults' block_size of 128 against the model's 16
+    assert report_page(tmp_path / "out").count('<svg class="attention"') == 2
+
+
+def test_a_report_that_cannot_be_written_says_the_checkpoint_is_saved_and_leaves_no_temporary_file(tmp_path, capsys):
+    flags = tiny_flags(tmp_path)
+    os.makedirs(tmp_path / "out" / "report.html")  # a folder where the page goes
+    message = one_line_error(capsys, train, *flags)
+    assert re.search(r"cannot write .*report\.html \(Is a directory\): the report was not written; iteration 8 is "
+                     r"saved in .*ckpt\.pt$", message), message
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "report.html", "train.lock"]
+    message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"), "--data",
+                             str(tmp_path / "data.txt"))
+    assert "the report was not written; the checkpoint is as it was" in message, message
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "report.html", "train.lock"]
+
+
+def test_concurrent_report_writers_never_share_a_temporary_file(tmp_path, monkeypatch):
+    opened = []
+    real_open = open
+    monkeypatch.setattr(report, "page", lambda *args: "<html></html>")
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
+    monkeypatch.setattr(os, "getpid", lambda: 4242)
+    report.write(None, str(tmp_path / "report.html"), None, None, None)
+    assert opened == [str(tmp_path / "report.html.4242.tmp")] and os.listdir(tmp_path) == ["report.html"]

@@ -1,0 +1,131 @@
+"""Tests of sample.py."""
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpt
+import sample
+import train
+from conftest import (HERE, TEXT, HANG, tiny_model, tiny_train_config, tiny_flags, quiet, run_cli, one_line_error,
+                      hand_made, set_in)
+
+
+def test_train_then_sample_end_to_end(tmp_path):
+    trained = run_cli("train.py", *tiny_flags(tmp_path))
+    assert trained.returncode == 0 and trained.stderr == "", trained.stderr
+    assert "what context buys" in trained.stdout and (tmp_path / "out" / "ckpt.pt").exists()
+    assert re.search(r"val loss [\d.]+ \([\d.]+ bits per character\)", trained.stdout)
+    sampled = run_cli("sample.py", f"--out_dir={tmp_path / 'out'}", "--temperature", "0.8", "--max_new_tokens", "40",
+                      "--start", "ROMEO", "--num_samples", "2")
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.count("ROMEO") == 2 and len(sampled.stdout) >= 2 * (5 + 40)
+    failed = run_cli("sample.py", f"--out_dir={tmp_path / 'out'}", "--start", "\u00e9t\u00e9")
+    assert failed.returncode != 0 and failed.stderr == "error: characters not in the vocabulary: '\u00e9'; use those " \
+                                                       "of the training text\n"
+    closed = subprocess.Popen([sys.executable, "sample.py", f"--out_dir={tmp_path / 'out'}"], cwd=HERE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    closed.stdout.read(50)
+    closed.stdout.close()  # python sample.py | head -c 50
+    with closed.stderr:
+        assert closed.wait(timeout=HANG) in (0, 141) and closed.stderr.read() == b""  # quiet, as cat
+
+
+@pytest.mark.parametrize("flags, match", [
+    *[([f"--{name}", value], f"argument --{name}: ") for name in ("temperature", "top_p")
+      for value in ("nan", "inf", "-1")],
+    (["--top_p", "0"], "argument --top_p: must be in (0, 1], got 0"),
+    (["--top_p", "1.2"], "argument --top_p: must be in (0, 1]"),
+    (["--top_p", "1e-300", "--start", "\u00e9"], "not in the vocabulary"),  # a tiny top_p is accepted
+    (["--top_k", "0"], "argument --top_k: must be at least 1"),
+    (["--num_samples", "0"], "argument --num_samples: must be at least 1"),
+    (["--max_new_tokens", "-5"], "argument --max_new_tokens: must be at least 1"),
+    (["--seed", str(2 ** 63)], "argument --seed: must be in [0, 2**32)"),
+    (["--start", "\u00e9"], "characters not in the vocabulary: '\u00e9'"),
+    (["--start", ""], "--start is empty: give it a character or more"),
+    (["--start", "FILE:/no/such/file"], "cannot read the prompt file /no/such/file (No such file"),
+    (["--start", "FILE:FOLDER"], "cannot read the prompt file"),
+    (["--start", "FILE:BINARY"], "(it is not UTF-8 text): pass --start FILE:path to a UTF-8 text file"),
+    (["--start", "FILE:/dev/zero"], "(it is not a regular file)"),
+    (["--start", "FILE:EMPTY"], "the prompt file"),
+    (["--device", "tpu"], "unknown or not on this machine"),
+    (["--out_dir", "FOLDER"], "no checkpoint file at"),
+    (["--out_dir", "CKPT_FOLDER"], "no checkpoint file at"),  # ckpt.pt is a folder
+    # torch's message cut to its first sentence: the rest suggests weights_only=False, no help for a file of junk
+    (["--out_dir", "CORRUPT"], "can load (UnpicklingError: Weights only load failed.); train a new one"),
+    (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError"),
+    (["--out_dir", "TRUNCATED"], "is not a checkpoint this gpt.py can load ("),
+    (["--out_dir", "EMPTY_CKPT"], "can load (EOFError); train a new one"),
+    (["--out_dir", "FEW_CHARS"], "(ValueError: 5 characters for a vocab_size of"),
+    (["--out_dir", "NAN_WEIGHTS"], "holds weights that are NaN or inf, from a run that diverged"),
+    (["--report", "--data", "MISSING"], "cannot read the data file"),
+    (["--report", "--init_from", "gpt2"], "--report needs a checkpoint of a run"),
+])
+def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir, capsys, flags, match):
+    (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "EMPTY").write_text("")
+    os.makedirs(tmp_path / "FOLDER")
+    os.makedirs(tmp_path / "CKPT_FOLDER" / "ckpt.pt")
+    os.makedirs(tmp_path / "CORRUPT")
+    (tmp_path / "CORRUPT" / "ckpt.pt").write_bytes(b"not a checkpoint")
+    hand_made(trained_dir, tmp_path / "MISFIT", set_in(["config", "n_embd"], 32))  # the weights no longer fit
+    for name in ("TRUNCATED", "EMPTY_CKPT"):
+        os.makedirs(tmp_path / name)
+    whole = Path(trained_dir, "ckpt.pt").read_bytes()
+    (tmp_path / "TRUNCATED" / "ckpt.pt").write_bytes(whole[:len(whole) // 2])
+    (tmp_path / "EMPTY_CKPT" / "ckpt.pt").write_bytes(b"")
+    hand_made(trained_dir, tmp_path / "FEW_CHARS", lambda ckpt: ckpt.update(chars=ckpt["chars"][:5]))
+    hand_made(trained_dir, tmp_path / "NAN_WEIGHTS", lambda ckpt: ckpt["model"]["wte.weight"].fill_(float("nan")))
+    names = "CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|MISSING"
+    flags = [re.sub(names, lambda m: str(tmp_path / m.group(0)), f) for f in flags]
+    message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)
+    assert match in message, message
+    assert capsys.readouterr().out == ""  # refused before printing anything
+
+
+def test_sampling_needs_no_prompt_when_the_text_had_no_newline(tmp_path):
+    train.run(tiny_train_config(tmp_path, max_iters=2), TEXT.replace("\n", " "), quiet)
+    done = run_cli("sample.py", "--out_dir", str(tmp_path / "out"), "--max_new_tokens", "20", "--temperature", "1e-300")
+    assert done.returncode == 0 and done.stderr == "" and len(done.stdout) > 20, done.stderr
+
+
+def test_sampling_costs_the_same_per_token_at_any_length(tmp_path, monkeypatch, capsys, trained_dir):
+    decoded = []
+    real = gpt.CharTokenizer.decode
+    monkeypatch.setattr(gpt.CharTokenizer, "decode", lambda self, ids: decoded.append(len(ids)) or real(self, ids))
+    sample.main(["--out_dir", trained_dir, "--max_new_tokens", "300", "--num_samples", "1", "--start", "T"])
+    assert len(capsys.readouterr().out) >= 301 and max(decoded) <= sample.HELD_BACK  # never the whole sample again
+
+
+def test_gpt2_tokens_split_inside_a_character_print_whole(monkeypatch, capsys):
+    text = "caf\u00e9 \u20ac\U0001f600!"
+    pieces = [bytes([b]) for b in text.encode("utf-8")]  # one token per byte: characters split across tokens
+
+    class Bytes:
+        vocab_size = 256
+
+        def encode(self, text):
+            return list(text.encode("utf-8"))
+
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    model = tiny_model(vocab_size=256)
+    script = iter([torch.tensor([[b[0]]]) for b in pieces])
+    monkeypatch.setattr(model, "stream", lambda *args, **kwargs: script)
+    args = types.SimpleNamespace(num_samples=1, max_new_tokens=len(pieces), temperature=1.0, top_k=None, top_p=None,
+                                 seed=0)
+    sample.print_samples(model, Bytes(), "x", args, torch.device("cpu"))
+    assert capsys.readouterr().out == "x" + text + "\n"
+
+
+def test_sample_py_with_its_output_closed_says_so(trained_dir):
+    done = subprocess.run([sys.executable, "sample.py", "--out_dir", trained_dir], cwd=HERE, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=HANG, preexec_fn=lambda: os.close(1))
+    assert done.returncode == 1 and done.stderr.startswith("error: standard output is closed"), done.stderr
+    assert done.stderr.count("\n") == 1

@@ -1,0 +1,320 @@
+"""Tests of train.py: its runs, resuming them, signals, and how it stops."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import cli
+import gpt
+import muon
+import report
+import sample
+import train
+from conftest import (HERE, TEXT, HANG, tiny_train_config, tiny_flags, quiet, run_cli, one_line_error, ByteTokenizer,
+                      hand_made)
+
+
+# ---------------------------------------------------------------------------------------------------- runs and resumes
+def test_a_new_run_saves_its_start_before_its_first_step(tmp_path, monkeypatch):
+    steps = []
+    real = gpt.train_step
+    monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1) or real(*args))
+
+    def save_then_stop(self):
+        gpt.Trainer.save(self)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train.Run, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(tiny_train_config(tmp_path), TEXT, quiet)
+    assert not steps and torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
+
+
+def test_resume_trains_with_the_recorded_options_and_those_given(tmp_path):
+    flags = tiny_flags(tmp_path, max_iters=4, eval_interval=4, learning_rate=2e-3, min_lr=1e-4)
+    train.main(flags)
+    trainer, _ = train.run(gpt.TrainConfig(out_dir=str(tmp_path / "out"), max_iters=6, device="cpu"), TEXT, quiet,
+                           resume=True, given=dict(max_iters=6, weight_decay=0.5, beta2=0.9))
+    assert (trainer.tc.learning_rate, trainer.tc.min_lr, trainer.tc.eval_interval) == (2e-3, 1e-4, 4)  # recorded
+    assert [g["weight_decay"] for g in trainer.optimizers[0].param_groups] == [0.5, 0.0]  # given, and applied
+    assert all(g["betas"] == (0.9, 0.9) for g in trainer.optimizers[0].param_groups)
+    recorded = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["train_config"]
+    assert (recorded["weight_decay"], recorded["beta2"], recorded["learning_rate"]) == (0.5, 0.9, 2e-3)
+
+
+def test_resume_says_which_model_options_it_ignores_and_records_the_model_it_kept(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=4, eval_interval=4)
+    train.main(flags)
+    train.main(flags + ["--resume", "--max_iters", "6", "--n_layer", "3", "--n_embd", "64", "--pos", "learned",
+                        "--n_head", "2"])  # n_head 2: as the checkpoint has it, so not ignored
+    out = capsys.readouterr().out
+    assert "--resume keeps the model's options, so these are ignored: --n_layer 3, --n_embd 64, --pos learned\n" in out
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["iter"] == 6
+    assert {k: ckpt["train_config"][k] for k in ("n_layer", "n_embd", "pos")} == \
+           {k: ckpt["config"][k] for k in ("n_layer", "n_embd", "pos")} == dict(n_layer=1, n_embd=16, pos="rope")
+
+
+def test_a_vocab_size_given_with_a_text_is_named_as_ignored(tmp_path, capsys):
+    train.main(tiny_flags(tmp_path, max_iters=2, eval_interval=2) + ["--vocab_size", "5"])
+    out = capsys.readouterr().out
+    chars = len(set(TEXT))
+    assert f"--vocab_size 5 is ignored: a text's vocabulary is its tokenizer's ({chars} tokens)\n" in out, out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["config"]["vocab_size"] == chars
+
+
+def test_a_resume_keeps_the_checkpoints_tokenizer_whatever_its_data(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=4, eval_interval=2)
+    train.main(flags)
+    chars = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["chars"]
+    # The .bin of the model's own ids, as nanoGPT's character preparation writes it.
+    np.array(gpt.CharTokenizer(chars).encode(TEXT), dtype=np.uint16).tofile(tmp_path / "chars.bin")
+    train.main([*flags, "--data", str(tmp_path / "chars.bin"), "--resume", "--max_iters", "6"])
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["iter"] == 6 and ckpt["chars"] == chars  # not dropped: sample.py decodes, the text resumes
+    capsys.readouterr()
+    sample.main(["--out_dir", str(tmp_path / "out"), "--max_new_tokens", "5", "--num_samples", "1"])
+    train.main([*flags, "--resume", "--max_iters", "8"])
+    # A tokenizer of the user's own, which a checkpoint knows by its name: kept on a resume on its ids.
+    bytes_ids = np.array(ByteTokenizer().encode(TEXT), dtype=np.uint16)
+    bytes_ids.tofile(tmp_path / "bytes.bin")
+    gpt.train(tiny_train_config(tmp_path, out_dir=str(tmp_path / "own"), max_iters=2, eval_interval=2), bytes_ids,
+              tokenizer=ByteTokenizer(), log=quiet)
+    train.main(["--data", str(tmp_path / "bytes.bin"), "--out_dir", str(tmp_path / "own"), "--resume",
+                "--max_iters", "4", "--device", "cpu"])
+    ckpt = torch.load(tmp_path / "own" / "ckpt.pt", weights_only=True)
+    assert ckpt["iter"] == 4 and ckpt["tokenizer"] == "bytes"
+
+
+# ---------------------------------------------------------------------------------------------------- signals
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_ctrl_c_saves_and_resume_continues_exactly_with_either_optimizer(tmp_path, monkeypatch, optimizer):
+    tc = tiny_train_config(tmp_path, dropout=0.1, optimizer=optimizer)  # dropout: the RNG must come back too
+    straight, _ = train.run(replace(tc, out_dir=str(tmp_path / "straight")), TEXT, quiet)
+    real_batch, train_batches = gpt.Trainer.batch, []
+
+    def ctrl_c_in_step_six(self, split):
+        train_batches.append(split == "train")
+        if sum(train_batches) == 6 + 2 and split == "train":  # six steps' and an evaluation's two
+            signal.raise_signal(signal.SIGINT)
+        return real_batch(self, split)
+
+    monkeypatch.setattr(gpt.Trainer, "batch", ctrl_c_in_step_six)
+    first, stopped = train.run(tc, TEXT, quiet)
+    assert stopped == signal.SIGINT and first.it == 6
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 6
+    monkeypatch.setattr(gpt.Trainer, "batch", real_batch)
+    second, stopped = train.run(tc, TEXT, quiet, resume=True)
+    unclocked = lambda history: [{k: v for k, v in h.items() if k != "seconds"} for h in history]
+    assert stopped is None and second.it == 8 and unclocked(second.history) == unclocked(straight.history)
+    if optimizer == "muon":  # train.py steps Muon batched (muon.py), as a resumed run does
+        assert [type(o) for o in second.optimizers] == [torch.optim.AdamW, muon.BatchedMuon]
+    for (name, p), q in zip(straight.model.state_dict().items(), second.model.state_dict().values()):
+        assert torch.equal(p, q), name  # bit for bit the weights of the run that was never stopped
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129),
+                                            (signal.SIGUSR1, 138)])
+def test_a_signal_saves_the_step_under_way_says_so_and_exits_non_zero(tmp_path, signum, status):
+    flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=2)
+    proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("iter 3/"):
+            break
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == status, err
+    # During a step, the step finishes and the report is written; during an evaluation, that ends at once.
+    said = re.search(rf"{signal.Signals(signum).name}: (the evaluation was cut short; )?saved iteration (\d+) to .*; "
+                     rf"continue with --resume", out)
+    assert said and err == "", (out, err)
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == int(said.group(2)) >= 3
+    if not said.group(1):
+        assert "<svg class=\"attention\"" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_second_signal_stops_at_once_and_the_handlers_are_restored_after():
+    before = signal.getsignal(signal.SIGTERM)
+    with train.signals_caught() as caught:
+        signal.raise_signal(signal.SIGTERM)
+        assert caught == [signal.SIGTERM]  # the first only raises the flag
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("where", ["report", "sample", "last evaluation"])
+def test_a_signal_in_the_closing_phase_is_honoured_with_its_exit_status(tmp_path, monkeypatch, capsys, where):
+    flags = tiny_flags(tmp_path)
+    if where == "last evaluation":
+        real = gpt.Trainer.evaluate
+        monkeypatch.setattr(gpt.Trainer, "evaluate", lambda self: (self.it == 8 and signal.raise_signal(
+            signal.SIGTERM), real(self))[1])
+    else:
+        name = "loss_by_position" if where == "report" else "closing_sample"
+        monkeypatch.setattr(report, name, lambda trainer: signal.raise_signal(signal.SIGTERM))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(flags)
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 143, out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 8
+    said = r"SIGTERM: (the report was cut short; iteration 8 is saved|(the evaluation was cut short; )?saved " \
+           r"iteration 8)"
+    assert re.search(said, out), out
+
+
+def test_a_long_evaluation_runs_batch_by_batch_and_a_signal_ends_it_at_once(tmp_path, monkeypatch):
+    flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=3, eval_iters=10 ** 9)
+    proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("iter 3/"):  # the evaluation of a billion batches begins
+            break
+    time.sleep(1.0)
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == 143 and time.time() - sent < 10 and err == "", (out, err)
+    assert "SIGTERM: the evaluation was cut short; saved iteration 3 to" in out, out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 3
+
+
+def test_ctrl_c_while_torch_is_still_importing_ends_quietly(tmp_path):
+    (tmp_path / "numpy.py").write_text("raise KeyboardInterrupt\n")  # the import a Ctrl-C lands in
+    for script in ("train.py", "sample.py"):
+        done = run_cli(script, env={"PYTHONPATH": str(tmp_path)})
+        assert done.returncode == 130 and done.stderr == "", (script, done.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------- faults
+def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    tc = tiny_train_config(tmp_path)
+    train.run(tc, TEXT, quiet)
+    before = (tmp_path / "out" / "ckpt.pt").read_bytes()
+    monkeypatch.setattr(gpt, "train_step", lambda *args: torch.tensor(float("nan")))
+    with pytest.raises(ValueError, match=r"nan at iteration 9: training diverged\. Too high a --learning_rate"):
+        # resumed at 8, eval_interval 1: caught before the save that would follow iteration 9
+        train.run(tc, TEXT, quiet, resume=True, log_interval=50, given=dict(max_iters=20, eval_interval=1))
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
+
+
+def test_the_nan_stop_names_what_can_cause_it(tmp_path, capsys):
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path), "--weight_decay", "1e10")
+    said = r"training diverged\. Too high a --learning_rate 0\.003, --muon_lr 0\.01 or --weight_decay 1e\+10, too " \
+           r"short a --warmup_iters 2, or --grad_clip 1 \(0: off\) can cause it"
+    assert re.search(said, message), message
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write finds the disk full")
+def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=2, eval_interval=1)
+    train.main(flags)
+    before = (tmp_path / "out" / "ckpt.pt").read_bytes()
+    os.symlink("/dev/full", tmp_path / "out" / "ckpt.pt.tmp")  # the next save writes there
+    message = one_line_error(capsys, train, *flags, "--resume", "--max_iters", "3")
+    assert re.search(r"cannot write .*ckpt.pt \(No space left on device\); any file there is as it was", message), \
+        message
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
+
+
+def test_a_failed_torch_compile_is_one_line(tmp_path):
+    env = dict(CXX="/no/compiler", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))  # nothing compiled is reused
+    done = run_cli("train.py", *tiny_flags(tmp_path, max_iters=2), "--compile", env=env)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert re.fullmatch(r"error: torch\.compile failed \(.+\): train without --compile\n", done.stderr), done.stderr
+
+
+def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
+    flags = tiny_flags(tmp_path, max_iters=200, eval_interval=100)
+    proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc.stdout.readline(), proc.stdout.readline()
+    proc.stdout.close()  # python train.py | head -2
+    with proc.stderr:
+        assert proc.wait(timeout=HANG) == 0 and proc.stderr.read() == b""
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 200
+
+
+def test_one_run_at_a_time_trains_in_an_out_dir(tmp_path):
+    flags = tiny_flags(tmp_path, max_iters=4)
+    os.makedirs(tmp_path / "out")
+    held = train.own_out_dir(str(tmp_path / "out"))  # a run training there, in this process
+    try:
+        done = run_cli("train.py", *flags)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert re.search(rf"out is in use by a training run \(process {os.getpid()} on .+\): wait for it", done.stderr)
+        assert not (tmp_path / "out" / "ckpt.pt").exists()
+    finally:
+        held.close()
+    # The lock of a run that crashed is released with it: its file left behind blocks nothing.
+    (tmp_path / "out" / "train.lock").write_text("process 1 on a machine that crashed\n")
+    assert run_cli("train.py", *flags).returncode == 0
+
+
+NUMBERS = [name for name in cli.LIMITS if name != "vocab_size"]
+
+
+@pytest.mark.parametrize("flags, match", [
+    *[([f"--{name}", value], name) for name in NUMBERS for value in ("nan", "inf", "-1e30")],
+    (["--seed", str(2 ** 63)], "must be in [0, 4294967296)"),
+    (["--max_iters", "1e3"], "argument --max_iters: invalid int value"),
+    (["--log_interval", "0"], "argument --log_interval: must be at least 1"),
+    (["--learning_rate", "1e-4"], "min_lr (0.0003) is above learning_rate (0.0001): lower min_lr too"),
+    (["--nonsense", "1"], "unrecognized arguments: --nonsense"),
+    (["--resume", "--init_from", "gpt2"], "give one of them"),
+    (["--data", "MISSING"], "cannot read the data file"),
+    (["--data", "FOLDER"], "(it is a folder): pass --data a file"),
+    (["--data", "/dev/zero"], "(it is not a regular file)"),  # which read() would never finish
+    (["--data", "BINARY"], "it is not UTF-8 text"),
+    (["--data", "EMPTY"], "is empty"),
+    (["--data", "ODD.bin"], "not a whole number of uint16 ids"),
+    (["--data", "IDS.bin", "--vocab_size", "10"], "must be in [0, 10), the vocabulary; these go from 0 to 3,999"),
+    (["--block_size", "5000"], "--block_size 5000 is too long for the 3000 tokens held out"),
+    (["--block_size", str(10 ** 8)], "--block_size 100000000 is too long"),  # refused before the model is built
+    (["--n_embd", "30", "--n_head", "4"], "n_embd (30) must be a multiple of 8: of n_head (4)"),
+    (["--norm", "batchnorm"], "argument --norm: invalid choice: 'batchnorm'"),
+    (["--optimizer", "sgd"], "argument --optimizer: invalid choice: 'sgd'"),
+    (["--device", "tpu"], "unknown or not on this machine"),
+    (["--device", "cuda:7"], "unknown or not on this machine"),
+    (["--device", "meta"], "unknown or not on this machine"),
+    (["--n_embd", str(2 ** 20), "--n_head", "1"], "out of memory (["),
+    (["--out_dir", "DATA/out"], "pass --out_dir a writable folder"),  # a folder inside a file
+    (["--out_dir", "DATA"], "data.txt is there, and not a folder): pass --out_dir a writable folder"),
+    (["--out_dir", "FOLDER"], "pass --out_dir a writable folder"),  # FOLDER/ckpt.pt is a folder
+    (["--out_dir", "/sys/nope"], "cannot write /sys/nope/ckpt.pt ("),  # a read-only file system: its real cause
+    (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
+    (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
+    (["--resume", "--data", "NEW_CHARS"], "has characters the checkpoint never saw ('#'): use the text it was trained"),
+    (["--init_from", "FOLDER"], "holds no GPT-2 this can load (ValueError: cannot read GPT-2's config"),
+    ([], "holds an earlier run, which this one would overwrite: continue it with --resume, or start anew in another"),
+])
+def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys, trained_dir, flags, match):
+    if "/sys/nope" in flags and not os.path.isdir("/sys/kernel"):
+        pytest.skip("needs /sys, where nothing can be made")
+    before = {p: Path(trained_dir, p).read_bytes() for p in os.listdir(trained_dir)}
+    (tmp_path / "EMPTY").write_text("")
+    (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 40)
+    (tmp_path / "ODD.bin").write_bytes(b"\x00" * 4001)
+    np.arange(4000, dtype=np.uint16).tofile(tmp_path / "IDS.bin")
+    os.makedirs(tmp_path / "FOLDER" / "ckpt.pt")
+    hand_made(trained_dir, tmp_path / "NO_STATE", lambda ckpt: [ckpt.pop(k) for k in ("optimizers", "rng")])
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    (tmp_path / "NEW_CHARS").write_text(TEXT + "#", encoding="utf-8")
+    names = dict(MISSING=tmp_path / "missing.txt", FOLDER=tmp_path / "FOLDER", BINARY=tmp_path / "BINARY",
+                 EMPTY=tmp_path / "EMPTY", DATA=data, NO_STATE=tmp_path / "NO_STATE", NEW_CHARS=tmp_path / "NEW_CHARS",
+                 ODD=tmp_path / "ODD", IDS=tmp_path / "IDS")
+    flags = [re.sub("|".join(names), lambda m: str(names[m.group(0)]), f) for f in flags]
+    message = one_line_error(capsys, train, "--data", str(data), "--out_dir", trained_dir, "--max_iters", "2",
+                             "--block_size", "16", *flags)
+    assert match in message, message
+    assert {p: Path(trained_dir, p).read_bytes() for p in os.listdir(trained_dir)} == before
+    assert not (tmp_path / "FOLDER" / "ckpt.pt.tmp").exists()
