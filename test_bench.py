@@ -2,6 +2,8 @@
 import math
 import os
 import re
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import torch
 import bench
 import gpt
 import muon
-from conftest import HERE, TEXT, run_cli, interrupted
+from conftest import HERE, HANG, TEXT, run_cli, interrupted
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -130,3 +132,25 @@ def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path, monkeypatch)
     assert set(runs) == {"adamw", "muon"}
     for run in runs.values():
         assert run["iters"] >= 1 and run["ms_per_iter"] > 0 and 0 < run["val_loss"] < 10
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--set", "block_size=5000"], "--block_size 5000 is too long for the"),
+    (["--data", "SHORT"], "--block_size 128 is too long for the"),
+])
+def test_bench_optimizers_holds_its_data_to_train_pys_checks(tmp_path, flags, match):
+    short = tmp_path / "short.txt"
+    short.write_text(TEXT[:300], encoding="utf-8")
+    flags = [str(short) if flag == "SHORT" else flag for flag in flags]
+    proc = run_cli("bench.py", "--optimizers", "1", *flags)
+    assert proc.returncode == 1 and match in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_bench_into_a_reader_gone_away_ends_quietly(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text(TEXT, encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "bench.py", "--optimizers", "0.5", "--only", "adamw", "--data",
+                             str(short)], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # gone before bench prints its first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=HANG) == 141 and err == "", err

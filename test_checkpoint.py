@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import cli
+import checkpoint
 import gpt
 import sample
 import train
@@ -23,7 +23,7 @@ def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(
             break
     model, tokenizer, ckpt = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu")
     second = gpt.Trainer(replace(tc, out_dir=""), TEXT, tokenizer, model.train(), log=quiet)
-    cli.restore(second, ckpt)
+    checkpoint.restore(second, ckpt)
     assert (second.it, second.elapsed, second.history) == (5, first.elapsed, first.history)
     for _ in second.steps():
         pass
@@ -37,7 +37,7 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     next(first.steps())
     first.save()
     second = gpt.Trainer(replace(tc, weight_decay=0.5, beta2=0.9), TEXT, log=quiet)
-    cli.restore(second, torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True))
+    checkpoint.restore(second, torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True))
     assert [g["weight_decay"] for g in second.optimizers[0].param_groups] == [0.5, 0.0]
     assert all(g["betas"] == (0.9, 0.9) for g in second.optimizers[0].param_groups)
     moments = second.optimizers[0].state_dict()["state"][0]["exp_avg"]

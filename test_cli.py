@@ -1,4 +1,5 @@
 """Tests of cli.py, what the command lines share: options, numbers, errors in one line, output."""
+import argparse
 import dataclasses
 import os
 import re
@@ -61,3 +62,16 @@ def test_a_character_the_terminal_cannot_show_prints_as_an_escape(tmp_path):
     done = run_cli("sample.py", "--out_dir", str(tmp_path / "out"), "--start", "\u00e9", "--max_new_tokens", "200",
                    env=dict(PYTHONIOENCODING="ascii"))  # an ASCII terminal
     assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("\\xe9"), done.stderr
+
+
+def test_every_option_has_its_rule_in_one_place_and_a_field_without_help_still_gets_a_flag(capsys, monkeypatch):
+    assert set(cli.HELP) == set(cli.OPTION_TYPES) == {f.name for f in dataclasses.fields(gpt.TrainConfig)}
+    assert all(cli.HELP[name].endswith(".") for name in cli.HELP)
+    # The same rule refuses a value on the command line, in bench.py --set and in a checkpoint's records.
+    assert cli.allowed("muon_lr", 0.02) and not cli.allowed("muon_lr", 2.0) and not cli.allowed("n_layer", True)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be in \[1e-09, 1\), got 2"):
+        cli.parse_option("muon_lr", "2")
+    monkeypatch.delitem(cli.HELP, "beta2")
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    assert "--beta2 BETA2" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import cli
+import data
 import gpt
 import sample
 import train
@@ -17,11 +18,11 @@ def test_a_text_is_encoded_a_chunk_at_a_time_with_the_ids_of_its_characters(tmp_
     text = TEXT[:5000] + "\u00e9\u4e00\U0001f600" * 7  # characters of two, three and four UTF-8 bytes
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
     monkeypatch.setattr(cli, "CHUNK", 1001)  # chunks that cut characters' bytes in two
-    ids, chars = cli.encode_file(str(tmp_path / "t.txt"))
+    ids, chars = data.encode_file(str(tmp_path / "t.txt"))
     tokenizer = gpt.CharTokenizer(text)
     assert chars == tokenizer.chars and ids.dtype == np.uint8 and ids.tolist() == tokenizer.encode(text)
     larger = gpt.CharTokenizer(chars + "#")  # a checkpoint's vocabulary, with a character this text lacks
-    again, _ = cli.encode_file(str(tmp_path / "t.txt"), chars=larger.chars)
+    again, _ = data.encode_file(str(tmp_path / "t.txt"), chars=larger.chars)
     assert again.tolist() == larger.encode(text)
 
 
@@ -29,7 +30,7 @@ def test_a_text_is_encoded_a_chunk_at_a_time_with_the_ids_of_its_characters(tmp_
 def test_a_text_that_changes_while_it_is_read_is_refused(tmp_path, monkeypatch, change):
     path = tmp_path / "t.txt"
     path.write_text(TEXT, encoding="utf-8")
-    real = cli.text_chunks
+    real = data.text_chunks
     readings = []
 
     def changes_after_the_first_reading(name):
@@ -43,14 +44,14 @@ def test_a_text_that_changes_while_it_is_read_is_refused(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(cli, "text_chunks", changes_after_the_first_reading)
     with pytest.raises(ValueError, match=r"changed while it was read: pass --data a text that stays as it is"):
-        cli.encode_file(str(path))
+        data.encode_file(str(path))
 
 
 def test_a_text_of_more_than_256_characters_trains_from_the_command_line(tmp_path, capsys):
     chinese = "".join(chr(0x4E00 + i) for i in range(300))  # 300 characters: ids of two bytes
     (tmp_path / "data.txt").write_text((TEXT[:3000] + chinese) * 4, encoding="utf-8")
     train.main(tiny_flags(tmp_path, max_iters=4))
-    ids, chars = cli.encode_file(str(tmp_path / "data.txt"))
+    ids, chars = data.encode_file(str(tmp_path / "data.txt"))
     assert ids.dtype == np.uint16 and len(chars) > 256
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     assert ckpt["chars"] == chars and ckpt["config"]["vocab_size"] == len(chars)
@@ -84,7 +85,7 @@ def test_token_ids_in_a_bin_file_train_from_the_command_line_and_sample_py_says_
 ])
 def test_ids_outside_the_vocabulary_or_too_large_for_any_are_refused_in_one_line(ids, vocab_size, match):
     with pytest.raises(ValueError, match=match):
-        cli.check_ids(ids, vocab_size or cli.implied_vocab_size(ids))
+        data.check_ids(ids, vocab_size or data.implied_vocab_size(ids))
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -102,3 +103,25 @@ def test_token_ids_that_would_build_a_vocabulary_beyond_any_run_are_one_line(tmp
     flags = [str(tmp_path / f) if f.endswith(".bin") else f for f in flags]
     message = one_line_error(capsys, train, *tiny_flags(tmp_path), *flags)
     assert match in message, message
+
+
+def test_a_bin_file_is_ids_whatever_the_case_of_its_extension(tmp_path):
+    path = tmp_path / "train.BIN"
+    np.arange(300, dtype=np.uint16).tofile(path)
+    ids, tokenizer = data.read_data(data.DataFile(str(path), "uint16"))
+    assert tokenizer is None and ids.dtype == np.uint16 and list(ids[:3]) == [0, 1, 2]
+
+
+def test_a_dtype_given_with_a_text_is_refused_never_dropped(tmp_path, capsys):
+    text = tmp_path / "data.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    message = one_line_error(capsys, train, "--data", str(text), "--dtype", "uint16", "--out_dir", str(tmp_path / "o"))
+    assert "--dtype uint16 is for token ids, and" in message and "is read as a text" in message
+
+
+@pytest.mark.parametrize("read", [lambda path: data.encode_file(path), lambda path: data.read_text(path)])
+def test_binary_data_is_never_taken_for_a_text(tmp_path, read):
+    path = tmp_path / "ids.dat"
+    np.arange(1000, dtype=np.uint16).tofile(path)  # valid UTF-8, NULs included
+    with pytest.raises(ValueError, match="holds NUL bytes, so it is binary data, not a text"):
+        read(str(path))

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import distributed
 import gpt
 import train
 from conftest import HERE, TEXT, HANG, tiny_model, tiny_train_config, tiny_flags, quiet, run_cli
@@ -71,7 +72,7 @@ def test_ddp_averages_gradients_once_per_optimizer_step_with_grad_accum():
         micro_batches = [(idx[:, :-1], idx[:, 1:])] * 3
         averaged = {}
         for grad_accum in (3, 1):
-            ddp = train.AccumulatingDDP(tiny_model(), grad_accum)
+            ddp = distributed.AccumulatingDDP(tiny_model(), grad_accum)
             calls = []
 
             def count(state, bucket):  # a communication hook: runs once per bucket that is averaged

@@ -284,3 +284,17 @@ def test_a_plain_pickle_of_gpt2s_weights_is_refused_in_one_line_without_torchs_w
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr  # torch's two warnings not beside it
     assert "or is a plain pickle, not tensors as torch.save writes them, so it is not loaded" in done.stderr
     assert "weights_only" not in done.stderr
+
+
+@pytest.mark.parametrize("link", ["missing", "loop"])
+def test_a_gpt2_folder_whose_weights_are_a_broken_link_says_so(tmp_path, capsys, link):
+    folder = tmp_path / "gpt2"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "model.safetensors").unlink()
+    if link == "missing":
+        os.symlink(tmp_path / "blobs" / "gone", folder / "model.safetensors")
+    else:
+        os.symlink(folder / "model.safetensors", folder / "model.safetensors")
+    with pytest.raises(ValueError) as error:
+        gpt2.load(str(folder), "cpu")
+    assert "model.safetensors" in str(error.value) and "pytorch_model.bin" not in str(error.value), error.value

@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import cli
+import checkpoint
 import gpt
 import muon
 import train
@@ -91,7 +91,7 @@ def test_batched_replaces_torch_muon_alone_with_its_options_and_state_and_either
     for p in plain.param_groups[0]["params"]:
         assert torch.equal(fast.state[p]["momentum_buffer"], plain.state[p]["momentum_buffer"])
     # A checkpoint's Muon state loads into either, and fits either as check_resumable sees it.
-    assert cli.state_fits(plain, fast.state_dict()) and cli.state_fits(fast, plain.state_dict())
+    assert checkpoint.state_fits(plain, fast.state_dict()) and checkpoint.state_fits(fast, plain.state_dict())
     plain.load_state_dict(fast.state_dict())
     adamw_state = gpt.configure_optimizers(model, replace(tc, optimizer="adamw"))[0].state_dict()
-    assert not cli.state_fits(fast, adamw_state)
+    assert not checkpoint.state_fits(fast, adamw_state)

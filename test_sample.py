@@ -6,6 +6,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,3 +130,25 @@ def test_sample_py_with_its_output_closed_says_so(trained_dir):
                           stderr=subprocess.PIPE, text=True, timeout=HANG, preexec_fn=lambda: os.close(1))
     assert done.returncode == 1 and done.stderr.startswith("error: standard output is closed"), done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_the_report_needs_the_runs_data_and_holds_it_to_train_pys_checks(tmp_path, capsys, trained_dir):
+    message = one_line_error(capsys, sample, "--out_dir", trained_dir, "--report")
+    assert "--report evaluates the model on the text it was trained on: give that text" in message
+    short = tmp_path / "short.txt"
+    short.write_text(TEXT[:50], encoding="utf-8")
+    message = one_line_error(capsys, sample, "--out_dir", trained_dir, "--report", "--data", str(short))
+    assert "--block_size 16 is too long for the 5 tokens held out" in message
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT + "#", encoding="utf-8")
+    message = one_line_error(capsys, sample, "--out_dir", trained_dir, "--report", "--data", str(other))
+    assert "never saw ('#'): give --data the text it was trained on" in message and "--resume" not in message
+    ids = tmp_path / "ids.bin"
+    np.full(1000, 60000, dtype=np.uint16).tofile(ids)
+    message = one_line_error(capsys, sample, "--out_dir", trained_dir, "--report", "--data", str(ids))
+    assert "token ids must be in [0," in message
+
+
+def test_data_and_dtype_without_report_are_refused(capsys, trained_dir):
+    message = one_line_error(capsys, sample, "--out_dir", trained_dir, "--dtype", "uint8")
+    assert "--data and --dtype are for --report" in message

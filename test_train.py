@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import cli
 import gpt
 import muon
@@ -31,7 +32,7 @@ def test_a_new_run_saves_its_start_before_its_first_step(tmp_path, monkeypatch):
     def save_then_stop(self):
         gpt.Trainer.save(self)
         raise KeyboardInterrupt
-    monkeypatch.setattr(train.Run, "save", save_then_stop)
+    monkeypatch.setattr(gpt.Trainer, "save", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
         train.run(tiny_train_config(tmp_path), TEXT, quiet)
     assert not steps and torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
@@ -132,13 +133,16 @@ def test_a_signal_saves_the_step_under_way_says_so_and_exits_non_zero(tmp_path, 
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == status, err
-    # During a step, the step finishes and the report is written; during an evaluation, that ends at once.
+    # During a step, the step finishes and is saved; during an evaluation, that ends at once. The report is left
+    # to sample.py --report, which rebuilds it from the checkpoint.
     said = re.search(rf"{signal.Signals(signum).name}: (the evaluation was cut short; )?saved iteration (\d+) to .*; "
                      rf"continue with --resume", out)
     assert said and err == "", (out, err)
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == int(said.group(2)) >= 3
-    if not said.group(1):
-        assert "<svg class=\"attention\"" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert not (tmp_path / "out" / "report.html").exists()
+    proc = run_cli("sample.py", "--out_dir", str(tmp_path / "out"), "--report", "--data", flags[1])
+    assert proc.returncode == 0, proc.stderr
+    assert "<svg class=\"attention\"" in (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
 
 
 def test_a_second_signal_stops_at_once_and_the_handlers_are_restored_after():
@@ -146,8 +150,9 @@ def test_a_second_signal_stops_at_once_and_the_handlers_are_restored_after():
     with train.signals_caught() as caught:
         signal.raise_signal(signal.SIGTERM)
         assert caught == [signal.SIGTERM]  # the first only raises the flag
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(train.Stopped) as stopped:
             signal.raise_signal(signal.SIGINT)
+        assert stopped.value.signum == signal.SIGINT  # the second stops at once, with its own status
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -246,7 +251,7 @@ def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
 def test_one_run_at_a_time_trains_in_an_out_dir(tmp_path):
     flags = tiny_flags(tmp_path, max_iters=4)
     os.makedirs(tmp_path / "out")
-    held = train.own_out_dir(str(tmp_path / "out"))  # a run training there, in this process
+    held = checkpoint.own_out_dir(str(tmp_path / "out"))  # a run training there, in this process
     try:
         done = run_cli("train.py", *flags)
         assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
@@ -318,3 +323,101 @@ def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys,
     assert match in message, message
     assert {p: Path(trained_dir, p).read_bytes() for p in os.listdir(trained_dir)} == before
     assert not (tmp_path / "FOLDER" / "ckpt.pt.tmp").exists()
+
+
+@pytest.mark.parametrize("where", ["in the step before an evaluation", "in the step an evaluation follows",
+                                   "during the evaluation"])
+def test_resume_is_exact_wherever_the_signal_lands(tmp_path, monkeypatch, where):
+    # Bit for bit within one machine and one process, as docs/reference.md promises.
+    tc = tiny_train_config(tmp_path, dropout=0.1)  # eval_interval 4, eval_iters 2: steps 1-4, 4 eval batches, ...
+    straight, _ = train.run(replace(tc, out_dir=str(tmp_path / "straight")), TEXT, quiet)
+    # The call of Trainer.batch the signal comes in: in step 3, in step 4, or in the evaluation after step 4.
+    at = {"in the step before an evaluation": 3, "in the step an evaluation follows": 4,
+          "during the evaluation": 6}[where]
+    real_batch, calls = gpt.Trainer.batch, []
+
+    def signal_in_call(self, split):
+        calls.append(split)
+        if len(calls) == at:
+            signal.raise_signal(signal.SIGTERM)
+        return real_batch(self, split)
+
+    monkeypatch.setattr(gpt.Trainer, "batch", signal_in_call)
+    first, stopped = train.run(tc, TEXT, quiet)
+    assert stopped == signal.SIGTERM and first.it == min(at, 4)
+    monkeypatch.setattr(gpt.Trainer, "batch", real_batch)
+    second, stopped = train.run(tc, TEXT, quiet, resume=True)
+    unclocked = lambda history: [{k: v for k, v in h.items() if k != "seconds"} for h in history]
+    assert stopped is None and [h["iter"] for h in second.history] == [4, 8]
+    assert unclocked(second.history) == unclocked(straight.history)
+    for (name, p), q in zip(straight.model.state_dict().items(), second.model.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(tmp_path):
+    # A long evaluation (eval_iters 10**6) would take hours: after the signal none runs, and no report is made.
+    flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5, eval_iters=10 ** 6)
+    proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("iter 3/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == 143 and err == "", err
+    assert re.search(r"SIGTERM: saved iteration \d+ to .*; continue with --resume; no report: python sample.py "
+                     r"--report --data DATA writes it", out), out
+    assert "val loss" not in out and not (tmp_path / "out" / "report.html").exists()
+
+
+def test_a_second_signal_exits_at_once_with_its_own_status_and_leaves_the_checkpoint(tmp_path, monkeypatch, capsys):
+    flags = tiny_flags(tmp_path, max_iters=6)
+    real_step, steps = gpt.train_step, []
+
+    def two_signals_in_step_five(*args):
+        steps.append(1)
+        if len(steps) == 5:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)  # raises at once, out of the step under way
+        return real_step(*args)
+
+    monkeypatch.setattr(gpt, "train_step", two_signals_in_step_five)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(flags)
+    assert exit_info.value.code == 143
+    assert "SIGTERM, a second signal: stopped at once; the last checkpoint is as it was" in capsys.readouterr().out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 4  # the evaluation's save
+
+
+def test_a_seed_given_on_resume_is_named_as_ignored_and_the_checkpoint_records_the_seed_that_ran(tmp_path):
+    tc = tiny_train_config(tmp_path, max_iters=4, seed=7)
+    train.run(tc, TEXT, quiet)
+    said = []
+    trainer, _ = train.run(replace(tc, max_iters=8, seed=99), TEXT, said.append, resume=True,
+                           given=dict(max_iters=8, seed=99))
+    assert "--resume goes on with the run's random streams, so these are ignored: --seed 99" in said
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert trainer.tc.seed == 7 and ckpt["train_config"]["seed"] == 7 and ckpt["iter"] == 8
+
+
+def test_a_model_too_large_for_any_memory_is_one_line(tmp_path, capsys):
+    ids = tmp_path / "ids.bin"
+    np.arange(100, dtype=np.uint16).repeat(50).tofile(ids)
+    message = one_line_error(capsys, train, "--data", str(ids), "--out_dir", str(tmp_path / "out"),
+                             "--vocab_size", str(2 ** 20), "--n_embd", str(2 ** 52), "--n_head", "1")
+    assert message.startswith("error: out of memory"), message
+
+
+@pytest.mark.parametrize("name", ["train.lock", "ckpt.pt.tmp"])
+def test_a_folder_where_the_run_writes_a_file_is_refused_before_training(tmp_path, capsys, name):
+    (tmp_path / "out" / name).mkdir(parents=True)
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path))
+    assert f"{tmp_path / 'out' / name} is there, and not a file: remove it, or pass another --out_dir" in message
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_a_path_with_a_newline_keeps_the_reason_and_the_advice(tmp_path, capsys):
+    folder = tmp_path / "a\nb"
+    folder.mkdir()
+    message = one_line_error(capsys, train, "--data", str(folder), "--out_dir", str(tmp_path / "out"))
+    assert message.endswith("(it is a folder): pass --data a file") and "a\\nb" in message, message
