@@ -16,6 +16,7 @@ is the median of its rounds. Machines differ 2-3x in speed: set a figure only be
 """
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -347,12 +348,18 @@ def weight_reads(device, rounds=7):
 def bench_quality(seconds, path):
     """Trains the default CPU config for `seconds` of wall time; returns the final val loss (100 batches)."""
     lines = []
+    start = time.time()
     with tempfile.TemporaryDirectory() as out_dir:
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                              eval_iters=100, device="cpu")
-        trainer, stopped = train.run(tc, data.read_text(path), log=lines.append)
+        try:
+            trainer, stopped = train.run(tc, data.read_text(path), log=lines.append)
+        # Ctrl-C before the training loop, which saves and returns on a signal, has begun.
+        except KeyboardInterrupt:
+            stopped = signal.SIGINT
     if stopped:  # Ctrl-C or another stopping signal, which train.run turns into a save and a return
-        print(f"{signal.Signals(stopped).name}: stopped after {trainer.elapsed:.0f} s, so no val loss", file=sys.stderr)
+        print(f"{signal.Signals(stopped).name}: stopped after {time.time() - start:.0f} s, so no val loss",
+              file=sys.stderr)
         sys.exit(128 + stopped)
     return dict(seconds=seconds, data=path, iters=trainer.it, val_loss=trainer.history[-1]["val"],
                 report=next(line for line in lines if line.startswith("what context buys")))
@@ -381,16 +388,89 @@ def bench_optimizers(seconds, path, optimizers=cli.CHOICES["optimizer"], **chang
     for optimizer in optimizers:
         tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                                        eval_iters=1, device="cpu"), **changes, "optimizer": optimizer})
-        # train.py's checks of the data, before minutes of training.
-        data.check_fits(text, tokenizer.vocab_size, tc.block_size)
-        trainer = gpt.Trainer(tc, text, tokenizer, log=lambda *args: None)
-        # As train.py steps them.
-        trainer.optimizers = muon.batched(trainer.optimizers, trainer.model)
-        for _ in trainer.steps():
-            pass
-        runs[optimizer] = dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000,
-                               val_loss=fixed_val_loss(trainer))
+        runs[optimizer] = timed_run(tc, text, tokenizer)
     return runs
+
+
+def timed_run(tc, text, tokenizer, variant="default"):
+    """Trains as train.py does for tc.max_time seconds, the model built as VARIANTS[variant] builds it; its steps,
+    ms per step and val loss on a fixed set of 100 val batches."""
+    # train.py's checks of the data, before minutes of training.
+    data.check_fits(text, tokenizer.vocab_size, tc.block_size)
+    torch.manual_seed(tc.seed)
+    model = VARIANTS[variant](tc.model_config(vocab_size=tokenizer.vocab_size))
+    trainer = gpt.Trainer(tc, text, tokenizer, model, log=lambda *args: None)
+    # As train.py steps them, but for the variant that steps torch's own Muon.
+    if variant != "torch.optim.Muon":
+        trainer.optimizers = muon.batched(trainer.optimizers)
+    for _ in trainer.steps():
+        pass
+    return dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000, val_loss=fixed_val_loss(trainer))
+
+
+class HeadNorm(torch.nn.Module):
+    """RMSNorm of each head's channels, without a gain: QK-norm, after the query's or key's map. A rotation keeps
+    a vector's norm, so norming before the rotary turn or after it is the same."""
+
+    def __init__(self, linear, n_head):
+        super().__init__()
+        self.linear = linear
+        self.n_head = n_head
+
+    def forward(self, x):
+        y = self.linear(x)
+        heads = y.unflatten(-1, (self.n_head, -1))  # (B, T, nh, hs)
+        return torch.nn.functional.rms_norm(heads, heads.shape[-1:], eps=1e-5).flatten(-2)
+
+
+def relu_squared(config):
+    """The MLP as nanochat and modded-nanogpt have it: two matrices, 4 * n_embd wide, relu(x)^2 between."""
+    model = gpt.GPT(dataclasses.replace(config, mlp="gelu"))
+    for block in model.h:
+        mlp = block.mlp
+        mlp.forward = lambda x, mlp=mlp: torch.nn.functional.dropout(
+            mlp.c_proj(torch.relu(mlp.c_fc(x)).square()), mlp.dropout, mlp.training)
+    return model
+
+
+def qk_norm(config):
+    """RMSNorm of each head's query and key, before the rotary turn."""
+    model = gpt.GPT(config)
+    for block in model.h:
+        block.attn.c_q = HeadNorm(block.attn.c_q, config.n_head)
+        block.attn.c_k = HeadNorm(block.attn.c_k, config.n_head)
+    return model
+
+
+def zero_c_proj(config):
+    """The output projections of the attention and the MLP start at zero: each block starts as the identity."""
+    model = gpt.GPT(config)
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            torch.nn.init.zeros_(p)
+    return model
+
+
+# How each variant builds its model from the default config: the candidates for the default block, each alone
+# against it, and the default stepped with torch's Muon, against muon.py's batched step.
+VARIANTS = {"default": gpt.GPT, "torch.optim.Muon": gpt.GPT, "relu squared": relu_squared, "qk-norm": qk_norm,
+            "zero c_proj": zero_c_proj, "untied": lambda config: gpt.GPT(dataclasses.replace(config, tie_weights=False))}
+
+
+def bench_variants(seconds, path, variants=tuple(VARIANTS), rounds=2):
+    """Trains the default CPU config and each variant of it for `seconds` of wall time, one after the other in this
+    process, `rounds` times (the second round in reverse order, against a drifting machine); [(round, variant, run)]
+    with each run's steps, ms per step and val loss on the same 100 val batches."""
+    text, tokenizer = data.read_data(data.read_text(path))
+    tc = gpt.TrainConfig(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9, eval_iters=1,
+                         device="cpu")
+    rows = []
+    for r in range(rounds):
+        for variant in variants if r % 2 == 0 else variants[::-1]:
+            rows.append((r + 1, variant, timed_run(tc, text, tokenizer, variant)))
+            print(f"  round {r + 1} {variant:17s} {rows[-1][2]['iters']:6d} steps {rows[-1][2]['ms_per_iter']:6.1f} "
+                  f"ms/step  val loss {rows[-1][2]['val_loss']:.4f}", flush=True)
+    return rows
 
 
 ENCODE = """
@@ -493,8 +573,13 @@ def main():
     parser.add_argument("--optimizers", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
                         metavar="SECONDS", help="instead: train the default CPU config this long with each optimizer, "
                                                 "one after the other, and compare their val losses")
-    parser.add_argument("--data", default="input.txt", help="text for --quality and --optimizers (default: "
-                                                            "%(default)s)")
+    parser.add_argument("--variants", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
+                        metavar="SECONDS", help="instead: train the default CPU config and each variant of it this "
+                                                "long, twice, one after the other, and compare their val losses")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
+                        help="with --variants: this one and the default alone; again for more")
+    parser.add_argument("--data", default="input.txt", help="text for --quality, --optimizers and --variants "
+                                                            "(default: %(default)s)")
     parser.add_argument("--only", choices=cli.CHOICES["optimizer"], help="with --optimizers: run this one alone")
     parser.add_argument("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
                         help="with --optimizers: an option of train.py for every run, as its flag takes it "
@@ -505,6 +590,8 @@ def main():
     args = parser.parse_args()
     if (args.only or args.set) and not args.optimizers:
         parser.error("--only and --set go with --optimizers")
+    if args.variant and not args.variants:
+        parser.error("--variant goes with --variants")
     device = cli.usable_device(args.device)
     try:  # an unwritable --json fails now, not after minutes of measuring; "a" leaves a file there as it is till then
         if args.json:
@@ -532,6 +619,16 @@ def main():
         if len(runs) == 2:
             other = next(name for name in runs if name != default)
             print(f"{default} - {other}: {runs[default]['val_loss'] - runs[other]['val_loss']:+.4f}")
+    elif args.variants:
+        variants = ["default"] + [v for v in VARIANTS if v in (args.variant or VARIANTS) and v != "default"]
+        print(f"{args.variants:.0f} s of training each on {args.data}, one after the other; val loss on the same 100 "
+              f"val batches:")
+        rows = bench_variants(args.variants, args.data, variants)
+        figures["variants"] = [dict(round=r, variant=v, **run) for r, v, run in rows]
+        default = {r: run["val_loss"] for r, v, run in rows if v == "default"}
+        for variant in variants[1:]:
+            deltas = [run["val_loss"] - default[r] for r, v, run in rows if v == variant]
+            print(f"  {variant:17s} minus the default, each round: {', '.join(f'{d:+.4f}' for d in deltas)}")
     elif args.nanogpt:
         nano = load_nanogpt(args.nanogpt)
         try:
