@@ -34,7 +34,18 @@ def load(path, device):
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
     try:
-        model, tokenizer, ckpt = gpt.load_checkpoint(path, device)
+        # gpt.load_checkpoint's steps, with a checkpoint of the layout before each map had a weight of
+        # its own brought to today's on the way.
+        ckpt = torch.load(path, map_location=gpt.get_device(str(device)), weights_only=True)
+        split = split_maps(ckpt["model"], ckpt["config"])
+        # Marked, in memory alone, for resume, which cuts the optimizers' states likewise.
+        ckpt[OLD_LAYOUT] = split is not ckpt["model"]
+        ckpt["model"] = split
+        model = gpt.GPT(gpt.GPTConfig(**ckpt["config"]))
+        model.load_state_dict(ckpt["model"])
+        model = model.to(gpt.get_device(str(device))).eval()
+        chars = ckpt.get("chars")
+        tokenizer = None if chars is None else gpt.CharTokenizer(chars)
         # Else decoding a sampled token would fail, or give other characters than the training's.
         if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
             raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of "
@@ -83,6 +94,71 @@ def needs_tokenizer(tokenizer, path, advice):
         name = getattr(tokenizer, "name", None)
         raise ValueError(f"{path} was trained on token ids of a tokenizer it only names ({name}): "
                          f"{advice}")
+
+
+# ---------------------------------------------------------------------------------------------- the old layout
+# Before each map had a weight of its own, attn.c_attn held the query, key and value maps stacked by
+# rows, and SwiGLU's mlp.c_fc its gate, then its up projection: each new weight is a block of rows of
+# an old one, (old module, the new modules in the order of their rows).
+STACKED = {"attn.c_attn": ("attn.c_q", "attn.c_k", "attn.c_v"), "mlp.c_fc": ("mlp.c_gate", "mlp.c_fc")}
+# The key load() marks a checkpoint of the old layout with.
+OLD_LAYOUT = "split from the old layout"
+
+
+def piece_of(name, config):
+    """(the old layout's name of the weight that the weight name comes from, which block of its rows,
+    how many blocks)."""
+    module, _, leaf = name.rpartition(".")
+    for old, new in STACKED.items():
+        if old == "mlp.c_fc" and config["mlp"] != "swiglu":
+            continue
+        for i, part in enumerate(new):
+            if module.endswith("." + part):
+                return f"{module[:-len(part)]}{old}.{leaf}", i, len(new)
+    return name, 0, 1
+
+
+def split_maps(state, config):
+    """A model's state dict in today's layout: one of the old layout has each stacked weight cut into
+    its maps; any other is returned as it is."""
+    if not any(name.endswith(".attn.c_attn.weight") for name in state):
+        return state
+    pieces = {}
+    for name in state:
+        module, _, leaf = name.rpartition(".")
+        for old, new in STACKED.items():
+            if module.endswith("." + old) and (old != "mlp.c_fc" or config["mlp"] == "swiglu"):
+                pieces.update({f"{module[:-len(old)]}{part}.{leaf}": name for part in new})
+    out = {name: w for name, w in state.items() if name not in pieces.values()}
+    for name in pieces:
+        source, i, n = piece_of(name, config)
+        out[name] = state[source].chunk(n)[i].clone()
+    return out
+
+
+def split_states(trainer, saved_optimizers):
+    """The optimizers' states of a checkpoint of the old layout, for trainer's optimizers: each
+    state of a stacked weight cut as the weight is. The old order of the parameters is today's with
+    the maps of each stacked weight taken as that weight, where it stood."""
+    names = {id(p): name for name, p in trainer.model.named_parameters()}
+    config = dataclasses.asdict(trainer.model.config)
+    out = []
+    for optimizer, saved in zip(trainer.optimizers, saved_optimizers):
+        new = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        sources = [piece_of(name, config) for name in new]
+        old = list(dict.fromkeys(source for source, _, _ in sources))
+        state = {}
+        for j, (source, i, n) in enumerate(sources):
+            kept = saved["state"].get(old.index(source))
+            if kept is not None:
+                state[j] = {key: value.chunk(n)[i].clone() if value.dim() else value
+                            for key, value in kept.items()}
+        sizes = [len(group["params"]) for group in optimizer.param_groups]
+        starts = [sum(sizes[:g]) for g in range(len(sizes))]
+        groups = [{**group, "params": list(range(start, start + size))}
+                  for group, start, size in zip(saved["param_groups"], starts, sizes)]
+        out.append({"state": state, "param_groups": groups})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -243,6 +319,12 @@ def restore(trainer, ckpt):
 def resume(trainer, ckpt, path, advice="train without --resume"):
     """Checks the checkpoint's training state against trainer, then restores it; one line that
     ends with advice when it does not fit."""
+    # A run of the old layout goes on in today's, its optimizers' states cut as its weights were.
+    if ckpt.get(OLD_LAYOUT) and isinstance(ckpt.get("optimizers"), list):
+        try:
+            ckpt["optimizers"] = split_states(trainer, ckpt["optimizers"])
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError, RuntimeError):
+            pass
     check_resumable(ckpt, trainer, path, advice)
     try:
         restore(trainer, ckpt)
