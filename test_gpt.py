@@ -534,10 +534,12 @@ def test_twin_newton_schulz_brings_every_singular_value_near_1_along_the_gradien
         singular_values = np.linalg.svd(out, compute_uv=False)
         assert 0.6 < singular_values.min() and singular_values.max() < 1.25, singular_values
         assert gpt_numpy.rel_error(out, direction) < 0.4
-        # torch.optim.Muon's own iterations, in bfloat16: the same to its rounding
+        # torch.optim.Muon's own iterations, in bfloat16: the same to its rounding, which alone moves the largest
+        # entry by 2% to 9% over 300 gradients like this one, and this one's by 4.4% or 4.9% as the CPU's kernel
+        # rounds. Four or six iterations instead of five: 32%.
         theirs = torch.optim._muon._zeropower_via_newtonschulz(torch.tensor(matrix), (3.4445, -4.7750, 2.0315), 5,
                                                                1e-7)
-        assert gpt_numpy.rel_error(out, theirs.double().numpy()) < 0.05
+        assert gpt_numpy.rel_error(out, theirs.double().numpy()) < 0.15
         # and kept in float64, to float64's rounding: the same coefficients, scaling and transposes
         with monkeypatch.context() as patched:
             patched.setattr(torch.Tensor, "bfloat16", lambda tensor: tensor)
