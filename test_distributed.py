@@ -51,6 +51,7 @@ def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(
     given = dict(max_iters=40, eval_interval=15, grad_accum=2)  # ... resumed by two processes, to 40
     torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), (tc, given), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    # In step bit for bit: the processes share one machine and each averaged gradient, so they round alike.
     for name, p in ranks[0]["model"].items():
         assert torch.equal(p, ranks[1]["model"][name]), name
     losses = [(h["iter"], h["train"]) for h in ranks[0]["history"]]

@@ -227,7 +227,9 @@ def test_top_k_and_top_p_keep_exactly_the_right_tokens():
     kept = lambda **kw: torch.isfinite(gpt.filter_logits(logits, **kw))[0].tolist()
     assert kept(top_k=2) == [False, True, False, True, False]
     assert kept(top_k=99) == [True] * 5  # clamped to the vocabulary
-    assert kept(top_p=0.7) == [False, True, False, True, False]  # 0.4 + 0.3 reaches 0.7
+    # 0.4 + 0.3 reaches it. At 0.7 itself float32 decides: the sum lands on 0.7 or 4 ulps over, by how the CPU's
+    # softmax rounds, and one ulp under would keep 0.15 too.
+    assert kept(top_p=0.7 - 1e-6) == [False, True, False, True, False]
     assert kept(top_p=0.71) == [False, True, False, True, True]
     assert kept(top_p=0.01) == [False, True, False, False, False]  # the likeliest always stays
     assert kept(top_p=1e-300) == [False, True, False, False, False]  # also where float32 rounds top_p to 0
@@ -534,10 +536,12 @@ def test_twin_newton_schulz_brings_every_singular_value_near_1_along_the_gradien
         singular_values = np.linalg.svd(out, compute_uv=False)
         assert 0.6 < singular_values.min() and singular_values.max() < 1.25, singular_values
         assert gpt_numpy.rel_error(out, direction) < 0.4
-        # torch.optim.Muon's own iterations, in bfloat16: the same to its rounding
+        # torch.optim.Muon's own iterations, in bfloat16: the same to its rounding, which alone moves the largest
+        # entry by 2% to 9% over 300 gradients like this one, and this one's by 4.4% or 4.9% as the CPU's kernel
+        # rounds. Four or six iterations instead of five: 32%.
         theirs = torch.optim._muon._zeropower_via_newtonschulz(torch.tensor(matrix), (3.4445, -4.7750, 2.0315), 5,
                                                                1e-7)
-        assert gpt_numpy.rel_error(out, theirs.double().numpy()) < 0.05
+        assert gpt_numpy.rel_error(out, theirs.double().numpy()) < 0.15
         # and kept in float64, to float64's rounding: the same coefficients, scaling and transposes
         with monkeypatch.context() as patched:
             patched.setattr(torch.Tensor, "bfloat16", lambda tensor: tensor)
