@@ -857,12 +857,69 @@ def check(tolerance=1e-6, log=print):
 
 
 # --------------------------------------------------------------------------------------- workbook
+# Each exercise's fields, and what each holds.
+EXERCISE_FIELDS = {"title": str, "function": str, "change": str, "to": str, "rows": dict,
+                   "models": dict, "why": str}
+
+
 def exercises():
     """The workbook, workbook.json beside this file: each exercise names a function here, a line of
-    it to change and how; its answer, the rows of --check that turn WRONG or ERROR, and why."""
+    it to change and how; its answer, the rows of --check that turn WRONG or ERROR, and why. A
+    workbook that is missing, unreadable or not of that shape raises a ValueError of one line."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workbook.json")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    fix = "put back the workbook.json that came with gpt_numpy.py"
+    try:
+        if not os.path.isfile(path):
+            raise OSError(0, "it is not a file" if os.path.exists(path) else "it is missing")
+        size = os.path.getsize(path)
+        if size == 0:
+            raise OSError(0, "it is empty")
+        # The workbook has a few thousand bytes: a far larger file is not it, and is not read.
+        if size > 1_000_000:
+            raise OSError(0, f"it has {size:,} bytes, where the workbook has a few thousand")
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read the workbook {path} ({e.strerror}): {fix}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read the workbook {path} (it is not UTF-8 text): {fix}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the workbook {path} is not valid JSON ({e.msg} at line {e.lineno}, "
+                         f"column {e.colno}): {fix}") from None
+    except RecursionError:
+        raise ValueError(f"the workbook {path} is not the workbook (its lists or objects nest "
+                         f"too deep to read): {fix}") from None
+    problem = workbook_problem(found)
+    if problem is not None:
+        raise ValueError(f"the workbook {path} is broken ({problem}): {fix}")
+    return found
+
+
+def workbook_problem(found):
+    """What is wrong with the shape of a workbook as JSON reads it, in a few words; None if
+    nothing."""
+    # Python's types by JSON's names for them.
+    kinds = {dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
+             bool: "true or false", type(None): "null"}
+    if not isinstance(found, list):
+        return f"it holds {kinds[type(found)]}, not a list of exercises"
+    if not found:
+        return "it holds no exercises"
+    for number, ex in enumerate(found, 1):
+        if not isinstance(ex, dict):
+            return f"exercise {number} is {kinds[type(ex)]}, not an object of fields"
+        for field, kind in EXERCISE_FIELDS.items():
+            if field not in ex:
+                return f'exercise {number} has no "{field}"'
+            if not isinstance(ex[field], kind):
+                held = kinds[type(ex[field])]
+                return f'exercise {number}\'s "{field}" is {held}, not {kinds[kind]}'
+        for field in ("rows", "models"):
+            for name, verdict in ex[field].items():
+                if verdict not in ("WRONG", "ERROR"):
+                    return (f'exercise {number}\'s "{field}" gives {name} the verdict '
+                            f'{verdict!r}, not "WRONG" or "ERROR"')
+    return None
 
 
 def exercise_text(number, answer=False):
@@ -926,10 +983,9 @@ def read_text(path, block_size):
 def main(argv=None):
     parser = Parser(description="The NumPy twin: check its gradients, or train a tiny GPT with "
                                 "NumPy alone.")
-    parser.add_argument("path", nargs="?", default="input.txt",
-                        help="text to train on (default: %(default)s)")
-    parser.add_argument("--seconds", type=seconds_type, default=60,
-                        help="training time (default: %(default)s)")
+    # No defaults here: None tells that --check or --exercise was given a training input.
+    parser.add_argument("path", nargs="?", help="text to train on (default: input.txt)")
+    parser.add_argument("--seconds", type=seconds_type, help="training time (default: 60)")
     parser.add_argument("--check", action="store_true",
                         help="instead: check every gradient by finite differences")
     parser.add_argument("--exercise", metavar="N",
@@ -940,31 +996,48 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.answer and args.exercise in (None, "list"):
         parser.error("--answer goes with --exercise N")
-    if args.exercise == "list":
-        for number, ex in enumerate(exercises(), 1):
-            print(f"{number:2d}. {ex['function']}: {ex['title']}")
-        return
+    if args.check and args.exercise is not None:
+        parser.error("--check and --exercise are two modes: give one")
+    mode = "--check" if args.check else "--exercise" if args.exercise is not None else None
+    if mode is not None and (args.path is not None or args.seconds is not None):
+        parser.error(f"{mode} trains nothing: a text and --seconds go with the training alone")
     if args.exercise is not None:
         try:
-            print(exercise_text(int(args.exercise), args.answer))
+            found = exercises()
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        if args.exercise == "list":
+            for number, ex in enumerate(found, 1):
+                print(f"{number:2d}. {ex['function']}: {ex['title']}")
+            return
+        try:
+            number = int(args.exercise)
         except ValueError:
-            count = len(exercises())
-            sys.exit(f"error: --exercise takes a number from 1 to {count}, or list; not "
+            number = 0
+        if not 1 <= number <= len(found):
+            sys.exit(f"error: --exercise takes a number from 1 to {len(found)}, or list; not "
                      f"{args.exercise!r}")
+        print(exercise_text(number, args.answer))
         return
     # A character stdout cannot encode prints as an escape, not an error.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     if args.check:
         sys.exit(0 if check() else 1)
+    path = "input.txt" if args.path is None else args.path
+    seconds = 60 if args.seconds is None else args.seconds
     B, T = 16, 64
     try:
-        text = read_text(args.path, T)
+        text = read_text(path, T)
+        chars = sorted(set(text))
+        stoi = {ch: i for i, ch in enumerate(chars)}
+        # Straight into the array: a list of the ids first would take twice the memory.
+        data = np.fromiter(map(stoi.__getitem__, text), dtype=np.int64, count=len(text))
     except ValueError as e:
         sys.exit(f"error: {e}")
-    chars = sorted(set(text))
-    stoi = {ch: i for i, ch in enumerate(chars)}
-    data = np.array([stoi[ch] for ch in text], dtype=np.int64)
+    except MemoryError:
+        sys.exit(f"error: out of memory reading {path}: give a smaller text (a few MB is "
+                 f"more than a minute's training reads)")
     n = int(0.9 * len(data))
     config = GPTConfig(vocab_size=len(chars), block_size=T, n_layer=2, n_head=4, n_embd=64)
     model = GPT(config, init_params(config))
@@ -982,14 +1055,14 @@ def main(argv=None):
 
     n_params = sum(w.size for w in model.params.values())
     print(f"training a {n_params:,}-parameter GPT ({config.n_layer} layers, {config.n_embd} wide, "
-          f"context {T}) on {args.path} with NumPy alone, for {args.seconds:g} s")
+          f"context {T}) on {path} with NumPy alone, for {seconds:g} s")
     print("untrained, it writes: " + repr(decode(model.generate(prompt, 60, generator=rng)[0, 1:])))
     t0 = time.time()
     step = 0
     last_report = 0.0
     try:
         # One step at least.
-        while step == 0 or time.time() - t0 < args.seconds:
+        while step == 0 or time.time() - t0 < seconds:
             _, loss = model.forward(*batch(data[:n]))
             optimizer.step(model.backward())
             if step == 0:
@@ -997,7 +1070,7 @@ def main(argv=None):
                       f"ln({len(chars)}) = {math.log(len(chars)):.3f})", flush=True)
             step += 1
             elapsed = time.time() - t0
-            if elapsed - last_report >= max(args.seconds / 10, 1):
+            if elapsed - last_report >= max(seconds / 10, 1):
                 ms = elapsed / step * 1000
                 print(f"{elapsed:.0f} s: step {step}, loss {loss:.3f}, {ms:.0f} ms/step",
                       flush=True)
