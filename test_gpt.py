@@ -1447,6 +1447,13 @@ def twin_pair(name, dtype=torch.float64):
     return model, twin, idx, targets
 
 
+def zero_gradient(name, config):
+    """Whether name's gradient is zero in exact arithmetic: the keys' bias, with learned positions, adds q.b to every
+    score of a query's row, which softmax ignores. The twin and torch hold rounding noise there, which has no scale of
+    its own: it is measured against the model's largest gradient entry."""
+    return name.endswith("attn.c_k.bias") and config.pos == "learned"
+
+
 def error_table(pairs):
     rows = [f"{name:32s} {gpt_numpy.rel_error(ours, ref):.3e}" for name, ours, ref in pairs]
     return "\n".join(["tensor                           relative error"] + rows)
@@ -1464,9 +1471,11 @@ def test_twin_equals_pytorch_in_float64(name):
     pairs = [("logits", twin_logits, logits.detach().numpy())]
     pairs += [(n, grads[n], p.grad.numpy()) for n, p in named.items()]
     table = error_table(pairs)
+    largest = max(p.grad.abs().max().item() for p in named.values())
     for tensor_name, ours, ref in pairs:
         assert ours.shape == ref.shape and ours.dtype == np.float64
-        assert gpt_numpy.rel_error(ours, ref) <= 1e-10, f"{tensor_name} differs:\n{table}"
+        scale = largest if zero_gradient(tensor_name, model.config) else None
+        assert gpt_numpy.rel_error(ours, ref, scale) <= 1e-10, f"{tensor_name} differs:\n{table}"
     assert abs(twin_loss - loss.item()) <= 1e-12 * abs(loss.item())
 
 
@@ -1476,12 +1485,14 @@ def test_twin_gradients_match_finite_differences(name):
     idx, targets = idx.numpy(), targets.numpy()
     twin.forward(idx, targets)
     grads = twin.backward()
+    largest = max(np.abs(g).max() for g in grads.values())
     rng = np.random.default_rng(0)
     for tensor_name, w in twin.params.items():
         entries = [np.unravel_index(i, w.shape) for i in rng.choice(w.size, size=min(3, w.size), replace=False)]
         numeric = gpt_numpy.numerical_gradient(lambda: twin.forward(idx, targets)[1], w, entries, h=1e-5)
         analytic = np.array([grads[tensor_name][i] for i in entries])
-        assert gpt_numpy.rel_error(analytic, numeric, scale=np.abs(grads[tensor_name]).max()) <= 1e-6, tensor_name
+        scale = largest if zero_gradient(tensor_name, twin.config) else np.abs(grads[tensor_name]).max()
+        assert gpt_numpy.rel_error(analytic, numeric, scale=scale) <= 1e-6, tensor_name
 
 
 @pytest.mark.parametrize("name", TWIN_CONFIGS)
@@ -1494,9 +1505,11 @@ def test_twin_agrees_in_float32(name):
     assert twin_logits.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())
     ref = logits.detach().numpy()
     np.testing.assert_allclose(twin_logits, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+    largest = max(p.grad.abs().max().item() for p in model.parameters())
     for n, p in model.named_parameters():
         ref = p.grad.numpy()
-        np.testing.assert_allclose(grads[n], ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(), err_msg=n)
+        scale = largest if zero_gradient(n, model.config) else np.abs(ref).max()
+        np.testing.assert_allclose(grads[n], ref, rtol=1e-4, atol=1e-5 * scale, err_msg=n)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -1553,9 +1566,11 @@ def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
         grads = twin.backward()
         twin_muon.step(grads)
         adamw.step(grads)
+    largest = max(np.abs(p.detach().numpy() - before[n]).max() for n, p in model.named_parameters())
     for n, p in model.named_parameters():
         moved = p.detach().numpy() - before[n]
-        assert gpt_numpy.rel_error(twin.params[n] - before[n], moved) < 1e-8, n
+        scale = largest if zero_gradient(n, model.config) else None  # AdamW's steps on rounding noise
+        assert gpt_numpy.rel_error(twin.params[n] - before[n], moved, scale) < 1e-8, n
 
 
 def test_twin_trains_and_samples():
@@ -1573,7 +1588,8 @@ def test_twin_trains_and_samples():
         optimizer.step(twin.backward())
     assert loss < 0.25 * math.log(len(chars)), loss
     out = twin.generate(data[None, :5], 40, temperature=0)
-    drawn = lambda seed: twin.generate(data[None, :5], 20, top_k=5, top_p=0.9, generator=np.random.default_rng(seed))
+    drawn = lambda seed: twin.generate(data[None, :5], 20, temperature=2.0, top_k=5, top_p=0.9,
+                                       generator=np.random.default_rng(seed))  # hot: a trained model may be sure
     assert np.array_equal(drawn(3), drawn(3)) and not np.array_equal(drawn(3), drawn(4))
     assert set("".join(chars[i] for i in out[0]).split()[:-1]) <= set(text.split())  # the last word may be cut
 
@@ -1606,11 +1622,13 @@ def test_twin_filter_logits_keeps_what_gpt_keeps():
         assert np.array_equal(ours, torch.isfinite(gpt.filter_logits(logits, **kwargs)).numpy()), kwargs
 
 
-def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it():
-    model, twin, idx, targets = twin_pair("gpt2")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it(name):
+    model, twin, idx, targets = twin_pair(name)
     outputs = {}
     for name, module in model.named_modules():
-        if name.split(".")[-1] in ("wte", "ln_1", "c_attn", "c_proj", "ln_2", "c_fc", "ln_f", "lm_head"):
+        if name.split(".")[-1] in ("wte", "ln_1", "c_q", "c_k", "c_v", "c_proj", "ln_2", "c_fc", "c_gate", "ln_f",
+                                   "lm_head"):
             module.register_forward_hook(lambda m, i, out, name=name: outputs.setdefault(name, out).retain_grad())
     model(idx, targets)[1].backward()
     twin.forward(idx.numpy(), targets.numpy())
@@ -1627,7 +1645,7 @@ def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
     for layer in ("crossentropy", "linear", "layernorm", "rmsnorm", "gelu", "swiglu", "attention", "attention, rope",
                   "softmax", "rope", "embedding", "model (gpt2): h.1.mlp.c_fc.bias", "model (llama): lm_head.weight"):
         assert f"\n{layer}" in table, layer
-    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "59 ok, 0 WRONG, 0 ERROR"
+    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "78 ok, 0 WRONG, 0 ERROR"
 
 
 def layernorm_without_the_mean(dout, saved, right=gpt_numpy.layernorm_backward):
@@ -1638,7 +1656,7 @@ def layernorm_without_the_mean(dout, saved, right=gpt_numpy.layernorm_backward):
 
 def swiglu_without_the_gates_sigmoid(dout, saved):
     gate, up, s = saved
-    return np.concatenate([dout * up * s, dout * gate * s], axis=-1), {}  # silu's derivative taken as s alone
+    return (dout * up * s, dout * gate * s), {}  # silu's derivative taken as s alone
 
 
 @pytest.mark.parametrize("name, broken, first_wrong", [
@@ -1646,8 +1664,8 @@ def swiglu_without_the_gates_sigmoid(dout, saved):
     ("crossentropy_backward", lambda dloss, saved: (saved[0] - np.eye(saved[0].shape[-1])[saved[1]], {}),
      "crossentropy: dx"),  # the 1/N dropped
     ("gelu_backward", lambda dout, saved: (dout * 0.5 * (1 + saved[1]), {}), "gelu: dx"),  # half the product rule
-    ("swiglu_backward", swiglu_without_the_gates_sigmoid, "swiglu: dx"),
-    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "attention, rope: dx"),
+    ("swiglu_backward", swiglu_without_the_gates_sigmoid, "swiglu: dgate"),
+    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "attention, rope: dq"),
 ])
 def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch, name, broken, first_wrong):
     monkeypatch.setattr(gpt_numpy, name, broken)
@@ -1701,7 +1719,7 @@ def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_i
     lines = []
     assert not twin.check(log=lines.append)
     assert "model (llama): " in lines[-2] and any(line.startswith("embedding: ") for line in lines), lines  # to the end
-    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("59 ok")
+    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("78 ok")
     assert says is None or any(says in line for line in lines), lines
     done = run_cli(str(tmp_path / "broken_twin.py"), "--check")
     assert done.returncode == 1 and "Traceback" not in done.stderr and done.stdout.count("\n") >= 12, done.stderr
@@ -1754,7 +1772,7 @@ def test_check_runs_where_torch_cannot_be_imported():
             "runpy.run_path('gpt_numpy.py', run_name='__main__')")
     done = run_cli("-c", code)
     assert done.returncode == 0, done.stderr
-    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("59 ok, 0 WRONG, 0 ERROR")
+    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("78 ok, 0 WRONG, 0 ERROR")
     closed = subprocess.Popen([sys.executable, "gpt_numpy.py", "--check"], cwd=HERE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     closed.stdout.readline()
