@@ -117,9 +117,9 @@ def test_code_lines_counts_code_alone():
 
 
 # The design card asks for at most 320 lines of code in gpt.py and 480 in all (wc -l). Holding the card's list alone,
-# Muon included, with every rule of plain lines, it has 381 and 582: these numbers may only go down.
-GPT_PY_CODE_LINES = 381
-GPT_PY_LINES = 582
+# Muon included, with every rule of plain lines, it has 380 and 581: these numbers may only go down.
+GPT_PY_CODE_LINES = 380
+GPT_PY_LINES = 581
 
 
 def test_gpt_py_is_plain():
@@ -230,11 +230,11 @@ def test_tokenizer_round_trip():
 @pytest.mark.parametrize("bad, message", [
     (dict(n_embd=30, n_head=4, pos="learned"), r"n_embd \(30\) must be a multiple of 4: of n_head \(4\), twice"),
     (dict(n_embd=18, n_head=6), r"n_embd \(18\) must be a multiple of 12: of n_head \(6\), twice that with pos='rope'"),
-    (dict(n_head=0), "n_head must be at least 1, not 0"),  # not a ZeroDivisionError
-    (dict(vocab_size=0), "vocab_size must be at least 1, not 0"),  # not an empty model
-    (dict(n_layer=float("nan")), "n_layer must be at least 1, not nan"),
-    (dict(block_size=-3), "block_size must be at least 1, not -3"),
-    (dict(n_embd=0), "n_embd must be at least 1"),
+    (dict(n_head=0), r"n_head must be in \[1, inf\), not 0"),  # not a ZeroDivisionError
+    (dict(vocab_size=0), r"vocab_size must be in \[1, inf\), not 0"),  # not an empty model
+    (dict(n_layer=float("nan")), "n_layer must be of type int, not nan"),
+    (dict(block_size=-3), r"block_size must be in \[1, inf\), not -3"),
+    (dict(n_embd=0), r"n_embd must be in \[1, inf\)"),
     (dict(norm="batchnorm"), "norm must be one of rmsnorm, layernorm, not 'batchnorm'$"),
     (dict(pos="alibi"), "pos must be one of"),
     (dict(mlp="relu"), "mlp must be one of"),
@@ -1328,8 +1328,8 @@ def test_train_py_finetunes_gpt2_from_its_folder_on_ids_and_sample_py_samples_th
     assert ckpt["iter"] == 4 and ckpt["tokenizer"] == "gpt2" and ckpt["chars"] is None
     assert ckpt["config"] == dataclasses.asdict(gpt2.from_state_dict(fixture_weights(), n_head=2).config)
     assert ckpt["train_config"]["block_size"] == 32 and ckpt["train_config"]["n_head"] == 2  # what ran
-    start = fixture_weights()["transformer.h.0.attn.c_attn.weight"].t()
-    assert not torch.equal(ckpt["model"]["h.0.attn.c_attn.weight"], start)  # trained
+    start = fixture_weights()["transformer.h.0.attn.c_attn.weight"].t()[:64]  # the query's rows
+    assert not torch.equal(ckpt["model"]["h.0.attn.c_q.weight"], start)  # trained
     capsys.readouterr()
     sample.main(["--out_dir", str(tmp_path / "out"), "--start", "ROMEO", "--max_new_tokens", "20",
                  "--num_samples", "1"])
@@ -2256,43 +2256,6 @@ def test_batched_muon_steps_as_torch_muon_does_on_matrices_of_every_shape(option
         # than 2% of what three steps move. Without the Nesterov term, the decay or the shape scale, 15% or more.
         assert torch.linalg.norm(p - q) < 0.02 * torch.linalg.norm(q - p0), p.shape
         assert torch.allclose(batched.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"])
-
-
-def test_batched_muon_orthogonalises_each_stacked_map_as_torch_muon_does_a_weight_of_its_own():
-    # A (3n, n) weight of three maps, as c_attn holds q, k and v, and a (2h, n) one of two, as SwiGLU's c_fc.
-    torch.manual_seed(0)
-    stacked = [torch.nn.Parameter(torch.randn(48, 16)), torch.nn.Parameter(torch.randn(40, 16)),
-               torch.nn.Parameter(torch.randn(16, 16))]
-    counts = [3, 2, 1]
-    apart = [torch.nn.Parameter(piece.detach().clone()) for p, k in zip(stacked, counts) for piece in p.chunk(k)]
-    ours = muon.BatchedMuon(stacked, dict(zip(stacked[:2], counts[:2])), lr=0.02, weight_decay=0.1)
-    reference = torch.optim.Muon(apart, lr=0.02, weight_decay=0.1)
-    start = [p.detach().clone() for p in stacked]
-    for _ in range(3):
-        for p, k in zip(stacked, counts):
-            p.grad = torch.randn(p.shape)
-        for q, grad in zip(apart, [g for p, k in zip(stacked, counts) for g in p.grad.chunk(k)]):
-            q.grad = grad.clone()
-        ours.step()
-        reference.step()
-    pieces_of_ours = [piece for p, k in zip(stacked, counts) for piece in p.chunk(k)]
-    moved = [piece for p0, k in zip(start, counts) for piece in p0.chunk(k)]
-    for p, q, p0 in zip(pieces_of_ours, apart, moved):
-        # Orthogonalised as one matrix, or scaled by the whole weight's shape, a map parts by 25% or more.
-        assert torch.linalg.norm(p - q) < 0.02 * torch.linalg.norm(q - p0), q.shape
-
-
-@pytest.mark.parametrize("mlp, maps", [("swiglu", {"c_attn": 3, "c_fc": 2}), ("gelu", {"c_attn": 3})])
-def test_muon_pieces_name_the_weights_that_stack_maps_and_train_py_steps_them_apart(mlp, maps):
-    model = gpt.GPT(gpt.GPTConfig(**{**TINY, "mlp": mlp}))
-    names = {id(p): n.split(".")[-2] for n, p in model.named_parameters()}
-    stacked = muon.pieces(model)
-    assert sorted(names[id(p)] for p in stacked) == sorted(list(maps) * TINY["n_layer"])
-    assert all(k == maps[names[id(p)]] for p, k in stacked.items())
-    assert muon.pieces(torch.nn.ModuleDict(dict(module=model))) == stacked  # as inside DDP's or compile's wrapper
-    tc = gpt.TrainConfig(**{**TINY, "mlp": mlp}, optimizer="muon", out_dir="", device="cpu")
-    run = train.Run(tc, TEXT, log=quiet)
-    assert set(map(id, run.optimizers[1].pieces)) == set(map(id, muon.pieces(run.model))) != set()
 
 
 def test_batched_replaces_torch_muon_alone_with_its_options_and_state_and_either_resumes_the_others_state():
