@@ -108,10 +108,10 @@ def batches(block_size, batch_size, device, seed=0):
 
 def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
     """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers (Muon's
-    products batched and its stacked maps orthogonalised alone, as muon.py takes them)."""
+    products batched, as muon.py takes them)."""
     torch.manual_seed(0)
     model = gpt.GPT(config).to(device)
-    optimizers = muon.batched(gpt.configure_optimizers(model, tc, device.type), model)
+    optimizers = muon.batched(gpt.configure_optimizers(model, tc, device.type))
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
     return lambda: gpt.train_step(stepped, optimizers, [next(data)], tc.grad_clip, amp)
 
@@ -139,7 +139,7 @@ def bench_training(device, peaks, bf16):
 
 
 def bench_muon(device, rounds=5):
-    """ms per Muon step on the 16 weights of the default CPU model: torch.optim.Muon's, one matrix at a time, and
+    """ms per Muon step on the 28 weights of the default CPU model: torch.optim.Muon's, one matrix at a time, and
     muon.BatchedMuon's as train.py takes it, the matrices of a shape as one batch; interleaved."""
     tc = gpt.TrainConfig(optimizer="muon")
     steps = {}
@@ -148,7 +148,7 @@ def bench_muon(device, rounds=5):
         model = gpt.GPT(tc.model_config(vocab_size=65)).to(device)
         optimizers = gpt.configure_optimizers(model, tc, device.type)
         if name == "muon.BatchedMuon":
-            optimizers = muon.batched(optimizers, model)
+            optimizers = muon.batched(optimizers)
         for p in model.parameters():
             p.grad = torch.randn_like(p)
         steps[name] = optimizers[1].step

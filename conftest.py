@@ -160,3 +160,10 @@ def twin_pair(name, dtype=torch.float64):
     assert len(idx.unique()) < idx.numel()  # repeated tokens: their embedding gradients must add up
     twin = gpt_numpy.GPT(config, {n: p.detach().numpy().copy() for n, p in model.named_parameters()})
     return model, twin, idx, targets
+
+
+def zero_gradient(name, config):
+    """Whether name's gradient is zero in exact arithmetic: the keys' bias, with learned positions, adds q.b to every
+    score of a query's row, which softmax ignores. The twin and torch hold rounding noise there, which has no scale of
+    its own: it is measured against the model's largest gradient entry."""
+    return name.endswith("attn.c_k.bias") and config.pos == "learned"

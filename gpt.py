@@ -2,6 +2,7 @@
 training loop, checkpoints and device choice. It imports only torch; importing it does nothing."""
 import math
 import os
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -29,6 +30,8 @@ class CharTokenizer:
 
 # The architecture's switches: Llama's choice first (the default), GPT-2's second.
 CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu")}
+# Least values but a count's 1 and another number's 0: the schedule divides by learning_rate.
+LOWEST = {"warmup_iters": 0, "seed": 0, "learning_rate": 1e-9, "muon_lr": 1e-9}
 
 
 @dataclass
@@ -59,21 +62,25 @@ class GPTConfig:
     mlp: str = "swiglu"
 
     def __post_init__(self):
-        """The model's own invariants; the command lines check every other number."""
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if not getattr(self, name) >= 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        """Each option of its type and in its range: bias="no", n_layer=True would mean another."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            # type(), not isinstance(): True is an int. An int serves for a float.
+            if type(value) is not f.type and not (f.type is float and type(value) is int):
+                raise ValueError(f"{f.name} must be of type {f.type.__name__}, not {value!r}")
+            allowed = CHOICES.get(f.name, (value,))
+            if value not in allowed:
+                raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, not {value!r}")
+            # Finite, as NaN fails every comparison; dropout below 1.
+            low = LOWEST.get(f.name, 1 if f.type is int else 0)
+            high = 1 if f.name == "dropout" else math.inf
+            if f.type in (int, float) and not low <= value < high:
+                raise ValueError(f"{f.name} must be in [{low}, {high}), not {value}")
         # Rotary positions turn pairs of channels within each head.
         multiple = 2 * self.n_head if self.pos == "rope" else self.n_head
         if self.n_embd % multiple:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of {multiple}: of n_head "
                              f"({self.n_head}), twice that with pos='rope'")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), not {self.dropout}")
-        for name, allowed in CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
 
 def make_norm(config):
@@ -95,8 +102,7 @@ def rope_tables(config):
 
 
 def rope_forward(x, cos, sin):
-    """Turns each channel pair (x_j, x_j+hs/2) by its angle, a 2-D rotation: q.k then depends only
-    on the distance between their positions."""
+    """Turns each channel pair (x_j, x_j+hs/2) by its angle: q.k then depends on their distance."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -134,23 +140,25 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.dropout = config.dropout
         self.layer_idx = layer_idx
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        # A weight for each map, as Llama has them: Muon then orthogonalises each map by itself.
+        self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_k = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_v = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # (B, T, 3, nh, hs)
-        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        q, k, v = qkv.unbind(0)  # (B, nh, T, hs) each
-        # rope: the (cos, sin) tables of these positions. q and k turn together; v does not turn.
+        # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
+        q, k, v = [m(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+                   for m in (self.c_q, self.c_k, self.c_v)]
+        # rope: the (cos, sin) tables of these positions. q and k turn; v does not.
         if rope is not None:
-            q, k = rope_forward(qkv[:2], *rope).unbind(0)
-        # Sampling: the earlier positions' keys and values join this step's.
+            q, k = rope_forward(q, *rope), rope_forward(k, *rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
         # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow with the head
-        # size. is_causal sets each query's scores for later keys to -inf, which softmax turns into
-        # weight 0. One new token after a cache is the last position: it sees every key.
+        # size. is_causal gives later keys weight 0, by a mask aligned top left (query i sees keys
+        # 0 to i): the one query after a cache, the last position, goes without it and sees all.
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh * hs): the heads side by side again
@@ -162,24 +170,18 @@ class MLP(nn.Module):
         super().__init__()
         self.swiglu = config.mlp == "swiglu"
         self.dropout = config.dropout
-        hidden = 4 * config.n_embd
-        if self.swiglu:
-            # Three matrices instead of two: 8/3 * n_embd hidden units, rounded up to a multiple
-            # of 64, keep the size of GELU's 4 * n_embd.
-            hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64)
-        # SwiGLU's c_fc computes its gate and its up projection side by side.
-        width = 2 * hidden if self.swiglu else hidden
-        self.c_fc = nn.Linear(config.n_embd, width, bias=config.bias)
+        # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units keep the size of
+        # GELU's 4 * n_embd, rounded up to a multiple of 64, a width matrix products run fast at.
+        hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
+        # The up projection, SwiGLU's and GELU's; SwiGLU's gate is a map of its own.
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.c_gate = nn.Linear(config.n_embd, hidden, bias=config.bias) if self.swiglu else None
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x):
-        h = self.c_fc(x)  # (B, T, 2 * hidden) for SwiGLU, else (B, T, hidden)
-        if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)  # (B, T, hidden) each
-            h = F.silu(gate) * up
-        else:
-            # The tanh form, which GPT-2 was trained with.
-            h = F.gelu(h, approximate="tanh")
+        h = self.c_fc(x)  # (B, T, hidden)
+        # SwiGLU: silu of the gate times the up projection. GELU: the tanh form, GPT-2's.
+        h = F.silu(self.c_gate(x)) * h if self.swiglu else F.gelu(h, approximate="tanh")
         return F.dropout(self.c_proj(h), self.dropout, self.training)
 
 
@@ -192,8 +194,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, rope=None, cache=None):
-        # Pre-norm: the residual stream itself is never normalised, so gradients reach the first
-        # layers undamped.
+        # Pre-norm: the residual stream is never normalised, so gradients reach early layers whole.
         x = x + self.attn(self.ln_1(x), rope, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -207,16 +208,14 @@ class GPT(nn.Module):
         if config.pos == "learned":
             self.wpe = nn.Embedding(config.block_size, config.n_embd)
         else:
-            cos, sin = rope_tables(config)
             # Not saved in checkpoints: the tables are recomputed from the config.
-            self.register_buffer("cos", cos, persistent=False)
-            self.register_buffer("sin", sin, persistent=False)
+            for name, table in zip(("cos", "sin"), rope_tables(config)):
+                self.register_buffer(name, table, persistent=False)
         self.h = nn.ModuleList(Block(config, layer_idx) for layer_idx in range(config.n_layer))
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
-            # One matrix reads tokens in and scores them out: fewer parameters, and each row learns
-            # from both uses.
+            # One matrix reads tokens in and scores them out: fewer parameters, each row used twice.
             self.lm_head.weight = self.wte.weight
         for name, p in self.named_parameters():
             if name.endswith("bias"):
@@ -228,32 +227,27 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
 
     def forward(self, idx, targets=None, cache=None):
-        """The logits (B, T, vocab_size) for the ids idx (B, T), and the loss if targets (B, T)
-        are given, else None."""
+        """The logits (B, T, vocab_size) of ids (B, T); the loss for targets (B, T), else None."""
         T = idx.size(1)
-        # With a cache, these positions come after those it holds.
+        # With a cache, these positions follow those it holds, one at a time (see the attention).
         start = 0 if cache is None else cache.pos
-        # After a cached prompt, one token at a time: see the attention's mask.
         if start + T > self.config.block_size or (start and T > 1):
             raise ValueError(f"{T} tokens after {start} cached ones: at most block_size "
                              f"({self.config.block_size}) in all, and one at a time after a cache")
         x = self.wte(idx)  # (B, T, C)
         rope = None
         if self.config.pos == "learned":
-            # The same (T, C) rows are added to every sequence.
             x = x + self.wpe.weight[start:start + T]
         else:
             rope = (self.cos[start:start + T], self.sin[start:start + T])  # (T, hs) each
         for block in self.h:
             x = block(x, rope, cache)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
-        if targets is None:
-            return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
 
     def generate(self, idx, max_new_tokens, **sampling):
-        """idx (B, T) and max_new_tokens sampled after it, (B, T + max_new_tokens), as stream()
-        draws them with the same keyword arguments."""
+        """idx (B, T), then max_new_tokens drawn by stream(): (B, T + max_new_tokens)."""
         return torch.cat([idx, *self.stream(idx, max_new_tokens, **sampling)], dim=1)
 
     @torch.inference_mode()
@@ -276,13 +270,14 @@ class GPT(nn.Module):
         new = context
         for _ in range(max_new_tokens):
             logits, _ = self(new, cache=cache)
-            # The last position's logits predict the next token.
+            # The last position's logits predict the next token; in float32, as bf16 autocast leaves
+            # them in bfloat16, whose 8 bits of precision would tie close logits.
             logits = logits[:, -1, :].float()  # (B, vocab_size)
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
-                # Less their max, the logits stay finite however small the temperature (float32
-                # would round one below 1e-30 to 0).
+                # Less their max, the logits are at most 0: a tiny temperature sends them to -inf,
+                # not inf. Below 1e-30, float32 would round the temperature to 0, and 0 / 0 is NaN.
                 logits = logits - logits.max(dim=-1, keepdim=True).values
                 logits = logits / max(temperature, 1e-30)
                 probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
@@ -298,32 +293,25 @@ class GPT(nn.Module):
 
 
 def filter_logits(logits, top_k=None, top_p=None):
-    """-inf for each logit outside the top_k, then outside the nucleus: the fewest likeliest tokens
-    whose probabilities reach top_p. The likeliest token always stays."""
+    """-inf outside the top_k, then outside the nucleus: the likeliest tokens that reach top_p."""
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
         # The probabilities from the likeliest down, and where each token stands in that order.
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
-        # A token goes when the tokens before it already reach top_p.
-        before = probs.cumsum(dim=-1) - probs
-        drop_sorted = before >= top_p
-        # The likeliest stays, also where float32 rounds a tiny top_p to 0.
+        # A token goes when the tokens before it already reach top_p; the likeliest always stays.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
         drop_sorted[..., 0] = False
         # Each verdict goes back to its token's place in the vocabulary.
-        drop = torch.empty_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return logits
 
 
-def get_device(name=""):
-    """The device called name ("cpu", "cuda:1", "mps"), or else the best here: CUDA, MPS, CPU."""
-    if name:
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+def get_device(name=None):
+    """The device name ("cuda:1", a torch.device), or for "" or None the best: CUDA, MPS, CPU."""
+    fallback = "mps" if torch.backends.mps.is_available() else "cpu"
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else fallback))
 
 
 def autocast(device):
@@ -333,25 +321,33 @@ def autocast(device):
 
 
 def save_checkpoint(ckpt, path):
-    """Writes ckpt to a temporary file, then renames it over path, so that a crash mid-write leaves
-    the old checkpoint whole."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    """Writes ckpt to a temporary file, on the disk, then renames it over path, so that a crash or a
+    power cut mid-write leaves the old checkpoint whole."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
     tmp = path + ".tmp"
     try:
-        # Through a file of Python's: a full disk is then an OSError, not an error of torch's own.
         with open(tmp, "wb") as f:
             torch.save(ckpt, f)
+            # From Python's buffer to the system's, and from the system's to the disk.
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     # A failed write or rename leaves no temporary file behind.
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    # The rename is on the disk once the folder is (Windows cannot open a folder).
+    if os.name != "nt":
+        fd = os.open(folder, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
 
 
 def load_checkpoint(path, device=None):
     """(the model in eval mode on device, or the best here; its CharTokenizer, or None for another
     tokenizer, which ckpt["tokenizer"] names; the checkpoint)."""
-    device = get_device(str(device or ""))
+    device = get_device(device)
     # weights_only: tensors and plain data alone, so that a downloaded checkpoint cannot run code.
     ckpt = torch.load(path, map_location=device, weights_only=True)
     model = GPT(GPTConfig(**ckpt["config"]))
@@ -362,7 +358,8 @@ def load_checkpoint(path, device=None):
 
 @dataclass
 class TrainConfig(GPTConfig):
-    """The model's options and the training's. The defaults train for 3 to 5 minutes on 2 cores."""
+    """The run's options and, inherited, the model's: one config, as one command line gives them.
+    The defaults train for 3 to 5 minutes on 2 cores."""
     # Folder of ckpt.pt, the checkpoint ("" writes none).
     out_dir: str = "out"
     # Optimizer steps in all.
@@ -408,25 +405,24 @@ class TrainConfig(GPTConfig):
 
 
 def configure_optimizers(model, tc, device_type="cpu"):
-    """[AdamW], or [AdamW, Muon] with tc.optimizer "muon": Muon for the blocks' 2-D weights, AdamW
-    for the rest."""
+    """[AdamW], or with tc.optimizer "muon" [AdamW, Muon]: Muon for the blocks' matrices."""
     if tc.optimizer not in ("adamw", "muon"):
         raise ValueError(f"optimizer must be adamw or muon, not {tc.optimizer!r}")
     # Muon orthogonalises each matrix's update, so that all its directions move alike; embeddings
     # and the output layer, which see one row per token, stay with AdamW.
-    muon = [p for n, p in model.named_parameters()
-            if tc.optimizer == "muon" and n.startswith("h.") and p.dim() == 2]
-    rest = [p for p in model.parameters() if all(p is not q for q in muon)]
-    # Decay pulls matrices toward zero; on gains and biases it would only fight the norms.
-    matrices = [p for p in rest if p.dim() >= 2]
-    vectors = [p for p in rest if p.dim() < 2]
+    blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
+    muon = blocks if tc.optimizer == "muon" else []
+    # Decay pulls matrices toward zero; on gains and biases it would only fight the norms. Muon's
+    # matrices are known by id, as == compares tensors by value.
+    matrices = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in set(map(id, muon))]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": matrices, "weight_decay": tc.weight_decay}, {"params": vectors}]
     # fused: one kernel for all the tensors, on CPU and CUDA.
-    fused = device_type in ("cuda", "cpu")
-    betas = (0.9, tc.beta2)
-    optimizers = [torch.optim.AdamW(groups, tc.learning_rate, betas, weight_decay=0.0, fused=fused)]
+    optimizers = [torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(0.9, tc.beta2),
+                                    weight_decay=0.0, fused=device_type in ("cuda", "cpu"))]
     if muon:
-        optimizers.append(torch.optim.Muon(muon, tc.muon_lr, tc.weight_decay, tc.muon_momentum))
+        optimizers.append(torch.optim.Muon(muon, lr=tc.muon_lr, weight_decay=tc.weight_decay,
+                                           momentum=tc.muon_momentum))
     return optimizers
 
 
@@ -434,10 +430,8 @@ def lr_at(tc, it, elapsed):
     """Linear warmup, then cosine decay to min_lr over the steps, or the seconds with max_time."""
     if it < tc.warmup_iters:
         return tc.learning_rate * (it + 1) / tc.warmup_iters
-    if tc.max_time:
-        done = elapsed / tc.max_time
-    else:
-        done = (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters)
+    done = (elapsed / tc.max_time if tc.max_time
+            else (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters))
     return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
 
 
@@ -469,6 +463,17 @@ class Trainer:
     tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
+        # The options again, for a tc changed after it was made; then a folder that cannot take
+        # the checkpoint fails now, not at the first save minutes later.
+        tc.__post_init__()
+        if tc.out_dir:
+            try:
+                os.makedirs(tc.out_dir, exist_ok=True)
+                # A file with no name (on Linux), so none of the user's: the folder takes writes.
+                tempfile.TemporaryFile(dir=tc.out_dir).close()
+            except OSError as e:
+                raise ValueError(f"cannot write a checkpoint in out_dir {tc.out_dir!r} "
+                                 f"({e.strerror}): use a writable folder, or '' for none") from None
         self.tc = tc
         self.log = log
         self.device = get_device(tc.device)
@@ -478,7 +483,7 @@ class Trainer:
         self.tokenizer = tokenizer
         n = int(0.9 * len(data))
         self.splits = {"train": data[:n], "val": data[n:]}
-        # The initial weights, then dropout.
+        # The seed sets the initial weights and, in training, dropout's masks.
         torch.manual_seed(tc.seed)
         vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.model = (model or GPT(tc.model_config(vocab_size=vocab_size))).to(self.device)
@@ -502,7 +507,7 @@ class Trainer:
         ix = torch.randint(len(data) - T, (self.tc.batch_size,), generator=self.generator)
         # A row at a time: a memmap is never read whole.
         rows = [as_tensor(data[i:i + T + 1]) for i in ix.tolist()]
-        xy = torch.stack(rows).long().to(self.device, non_blocking=True)  # (B, T + 1)
+        xy = torch.stack(rows).long().to(self.device)  # (B, T + 1)
         # The target at each position is the token after it.
         return xy[:, :-1], xy[:, 1:]  # (B, T) each
 
@@ -519,11 +524,10 @@ class Trainer:
         t0 = time.time() - self.elapsed
         while not self.done():
             self.lr = lr_at(tc, self.it, self.elapsed)
+            # One schedule for both, each from its peak: learning_rate for AdamW, muon_lr for Muon.
             for optimizer in self.optimizers:
-                # One schedule for both: Muon's peak is muon_lr where AdamW's is learning_rate.
-                scale = optimizer.defaults["lr"] / tc.learning_rate
                 for group in optimizer.param_groups:
-                    group["lr"] = self.lr * scale
+                    group["lr"] = optimizer.defaults["lr"] * self.lr / tc.learning_rate
             batches = [self.batch("train") for _ in range(tc.grad_accum)]
             model = self.wrapped_model
             self.loss = train_step(model, self.optimizers, batches, tc.grad_clip, self.amp)
@@ -539,15 +543,11 @@ class Trainer:
     def evaluate(self):
         """The mean loss of eval_iters batches of each split, logged and kept in history."""
         self.model.eval()
-        losses = {}
-        for split in self.splits:
-            # Batch by batch: the memory of one, however many there are.
-            total = 0.0
-            for _ in range(self.tc.eval_iters):
-                with self.amp:
-                    _, loss = self.model(*self.batch(split))
-                total += loss.item()
-            losses[split] = total / self.tc.eval_iters
+        n = self.tc.eval_iters
+        with self.amp:
+            # Batch by batch, each loss read before the next batch: the memory of one.
+            losses = {split: sum(self.model(*self.batch(split))[1].item() for _ in range(n)) / n
+                      for split in self.splits}
         self.model.train()
         self.history.append(dict(iter=self.it, seconds=self.elapsed, lr=self.lr, **losses))
         line = f"iter {self.it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
@@ -560,8 +560,7 @@ class Trainer:
         """Writes out_dir/ckpt.pt ("": none) with all a resume needs; weights not finite, never."""
         if not self.tc.out_dir:
             return
-        # A step can turn the weights to NaN after its loss was read (an inf gradient clipped:
-        # inf x 0): such weights must never replace the last good checkpoint.
+        # Weights a step turned NaN or inf must never replace the last good checkpoint.
         if not all(p.isfinite().all() for p in self.model.parameters()):
             raise ValueError(f"the weights turned NaN or inf at iteration {self.it}, and were not "
                              f"saved: a learning rate or weight decay too high can do it")

@@ -4,8 +4,10 @@
     tokenizer = gpt2.tokenizer()                   # tiktoken's, else transformers'
     model = gpt2.from_state_dict(state_dict)       # transformers' GPT2LMHeadModel.state_dict()
 
-gpt.py's parameters carry GPT-2's own names (wte, wpe, h.0.attn.c_attn, ...), so nothing is renamed
-on the way in; only GPT-2's Conv1D weights, stored (in, out), are turned to nn.Linear's (out, in).
+gpt.py's parameters carry GPT-2's own names (wte, wpe, h.0.mlp.c_fc, ...), with one change: GPT-2's
+c_attn, which computes the query, key and value side by side, is split on the way in into c_q, c_k
+and c_v, a weight for each map. GPT-2's Conv1D weights, stored (in, out), are turned to nn.Linear's
+(out, in).
 Neither tiktoken, transformers nor huggingface_hub is a requirement: each is used when installed.
 """
 import json
@@ -42,6 +44,12 @@ def from_state_dict(state_dict, n_head=None):
         # Older files also hold each layer's causal mask: a constant, which attention computes.
         if not key.endswith((".attn.bias", ".attn.masked_bias")):
             weights[key.removeprefix("transformer.")] = w.t() if conv1d else w
+    # c_attn's output is q, k and v side by side: its rows once turned (out, in), and its bias, in
+    # thirds. Each third is a view, so the weights are still held once.
+    for key in [key for key in weights if ".attn.c_attn." in key]:
+        layer, kind = key.split(".c_attn.")
+        for name, part in zip(("c_q", "c_k", "c_v"), weights.pop(key).chunk(3)):
+            weights[f"{layer}.{name}.{kind}"] = part
     if "wte.weight" not in weights or "wpe.weight" not in weights:
         raise ValueError("not GPT-2's weights: wte.weight or wpe.weight is missing")
     vocab_size, n_embd = weights["wte.weight"].shape

@@ -10,8 +10,8 @@ How to read it
      norms, the MLP's activations (gelu, swiglu), attention with its softmax and rope, and last the
      embedding. Above each backward, the maths it follows.
   Two rules do most of the work, everywhere:
-  - A value used twice gets the sum of its gradients: the residual stream, the tied embedding, x in
-    x * x.
+  - A value used twice gets the sum of its gradients: the residual stream, the tied embedding, the
+    normed input that c_q, c_k and c_v all map, x in x * x.
   - A broadcast in the forward is a sum in the backward, over the axes it was repeated along: a
     bias added at every position, a norm's gain, the position embedding added to every sequence.
 
@@ -20,9 +20,10 @@ One calling convention for every layer:
     dx, dparams = name_backward(dout, saved)        # dparams: {"weight": dw, "bias": db}
   dout is dL/d(out): the gradient of the loss with respect to the layer's output, in out's shape.
   dx has x's shape (None where x is integers: the embedding's indices), each dparams entry its
-  parameter's. saved holds exactly what the backward needs from the forward. The parameters are
-  named as gpt.py names them (wte, wpe, h.0.attn.c_attn.weight, ...), so that gpt.GPT's weights,
-  GPT-2's too, run here as they are.
+  parameter's. A layer of several inputs takes them in order, and its dx is a tuple of their
+  gradients in the same order: attention's (dq, dk, dv), SwiGLU's (dgate, dup). saved holds exactly
+  what the backward needs from the forward. The parameters are named as gpt.py names them (wte,
+  wpe, h.0.attn.c_q.weight, ...), so that gpt.GPT's weights, GPT-2's too, run here as they are.
 
 Check every backward with NumPy alone, or one of your own with check_layer (its docstring shows
 how):
@@ -107,6 +108,8 @@ def linear_forward(x, weight, bias=None):
 #   dW = (d(W^T))^T = (x^T dout)^T = dout^T x    (out, N) @ (N, in): its inner sum, over the N
 #                                       rows, is rule 2's sum over every position
 #   db = dout, summed over every position (rule 2)
+# Where several maps read the same x (c_q, c_k and c_v; SwiGLU's c_gate and c_fc), each backward
+# hands back its own dx, and x's gradient is their sum: rule 1, as at the residual stream.
 def linear_backward(dout, saved):
     x, weight, has_bias = saved
     dout2 = dout.reshape(-1, dout.shape[-1])  # (B*T, out)
@@ -205,22 +208,21 @@ def sigmoid(x):
     return 0.5 * (1 + np.tanh(0.5 * x))
 
 
-def swiglu_forward(x):
-    # c_fc's two halves.
-    gate, up = np.split(x, 2, axis=-1)  # (B, T, hidden) each
+def swiglu_forward(gate, up):
+    # gate: c_gate's output, up: c_fc's, (B, T, hidden) each.
     s = sigmoid(gate)
     return gate * s * up, (gate, up, s)
 
 
-# out = silu(gate) up, with silu(gate) = gate s, s = sigmoid(gate) and s' = s (1 - s):
+# out = silu(gate) up, with silu(gate) = gate s, s = sigmoid(gate) and s' = s (1 - s). The product
+# rule, one input at a time:
 #   dgate = dout up (s + gate s (1 - s))
 #   dup = dout silu(gate)
-# The forward split x in two halves; the backward of a split is the halves' gradients side by side.
 def swiglu_backward(dout, saved):
     gate, up, s = saved
     dgate = dout * up * (s + gate * s * (1 - s))  # (B, T, hidden)
     dup = dout * gate * s  # (B, T, hidden)
-    return np.concatenate([dgate, dup], axis=-1), {}
+    return (dgate, dup), {}
 
 
 def rope_tables(config, dtype):
@@ -273,11 +275,11 @@ def softmax_backward(dout, saved):
 AttentionSaved = collections.namedtuple("AttentionSaved", "q k v att scale rope")
 
 
-def attention_forward(qkv, n_head, rope=None):
-    """Causal self-attention of the heads in qkv, (B, T, 3C): (y, AttentionSaved)."""
-    B, T, C3 = qkv.shape
-    hs = C3 // 3 // n_head
-    q, k, v = np.split(qkv, 3, axis=-1)  # (B, T, C) each
+def attention_forward(q, k, v, n_head, rope=None):
+    """Causal self-attention of n_head heads on q, k and v, (B, T, C) each: (y, AttentionSaved)."""
+    B, T, C = q.shape
+    hs = C // n_head
+    # Each head its own slice of hs channels.
     q = q.reshape(B, T, n_head, hs).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
     k = k.reshape(B, T, n_head, hs).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
     v = v.reshape(B, T, n_head, hs).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
@@ -293,7 +295,7 @@ def attention_forward(qkv, n_head, rope=None):
     scores = np.where(later, -np.inf, scores)
     att, _ = softmax_forward(scores)  # (B, nh, T, T)
     y = att @ v  # (B, nh, T, hs)
-    y = y.transpose(0, 2, 1, 3).reshape(B, T, C3 // 3)  # (B, T, C): the heads side by side again
+    y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, T, C): the heads side by side again
     return y, AttentionSaved(q, k, v, att, scale, rope)
 
 
@@ -307,7 +309,7 @@ def attention_forward(qkv, n_head, rope=None):
 #   scores = q k^T scale:   dq = dscores (k^T)^T scale = dscores k scale, and d(k^T) = q^T dscores
 #                           scale, so dk = (d(k^T))^T = dscores^T q scale
 #   rope turned q and k:    turn their gradients back with rope_backward
-#   q, k, v were split from qkv and their heads from C: the backward reshapes and concatenates
+#   the heads were split from C: the backward puts them side by side again
 def attention_backward(dout, saved):
     q, k, v, att, scale, rope = saved
     B, nh, T, hs = q.shape
@@ -320,8 +322,10 @@ def attention_backward(dout, saved):
     if rope is not None:
         dq = rope_backward(dq, rope)[0]
         dk = rope_backward(dk, rope)[0]
-    heads = [t.transpose(0, 2, 1, 3).reshape(B, T, nh * hs) for t in (dq, dk, dv)]  # (B, T, C) each
-    return np.concatenate(heads, axis=-1), {}
+    dq = dq.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
+    dk = dk.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
+    dv = dv.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
+    return (dq, dk, dv), {}
 
 
 def embedding_forward(idx, weight):
@@ -359,9 +363,6 @@ class GPT:
         self.norm = (layernorm_forward, layernorm_backward)
         if config.norm == "rmsnorm":
             self.norm = (rmsnorm_forward, rmsnorm_backward)
-        self.act = (gelu_forward, gelu_backward)
-        if config.mlp == "swiglu":
-            self.act = (swiglu_forward, swiglu_backward)
         # What the last forward saved for the backward, by layer.
         self.saved = None
 
@@ -373,7 +374,6 @@ class GPT:
     def forward(self, idx, targets=None):
         cfg = self.config
         norm = self.norm[0]
-        act = self.act[0]
         B, T = idx.shape
         if T > cfg.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size ({cfg.block_size})")
@@ -391,16 +391,24 @@ class GPT:
             # The names of block i's layers begin with b.
             b = f"h.{i}."
             h, saved[b + "ln_1"] = norm(x, **self.params_of(b + "ln_1"))
-            # q, k and v side by side: (B, T, 3C).
-            h, saved[b + "attn.c_attn"] = linear_forward(h, **self.params_of(b + "attn.c_attn"))
-            h, saved[b + "attn"] = attention_forward(h, cfg.n_head, rope)  # (B, T, C)
+            # Three maps of the same h: the queries, the keys and the values, (B, T, C) each.
+            q, saved[b + "attn.c_q"] = linear_forward(h, **self.params_of(b + "attn.c_q"))
+            k, saved[b + "attn.c_k"] = linear_forward(h, **self.params_of(b + "attn.c_k"))
+            v, saved[b + "attn.c_v"] = linear_forward(h, **self.params_of(b + "attn.c_v"))
+            h, saved[b + "attn"] = attention_forward(q, k, v, cfg.n_head, rope)  # (B, T, C)
             h, saved[b + "attn.c_proj"] = linear_forward(h, **self.params_of(b + "attn.c_proj"))
             # The residual stream.
             x = x + h
             h, saved[b + "ln_2"] = norm(x, **self.params_of(b + "ln_2"))
-            # (B, T, hidden), twice that for SwiGLU: its gate and its up projection.
-            h, saved[b + "mlp.c_fc"] = linear_forward(h, **self.params_of(b + "mlp.c_fc"))
-            h, saved[b + "mlp.act"] = act(h)  # (B, T, hidden)
+            if cfg.mlp == "swiglu":
+                # Two maps of the same h, (B, T, hidden) each: silu(gate) scales up, unit by unit.
+                gate, saved[b + "mlp.c_gate"] = linear_forward(
+                    h, **self.params_of(b + "mlp.c_gate"))
+                up, saved[b + "mlp.c_fc"] = linear_forward(h, **self.params_of(b + "mlp.c_fc"))
+                h, saved[b + "mlp.act"] = swiglu_forward(gate, up)  # (B, T, hidden)
+            else:
+                h, saved[b + "mlp.c_fc"] = linear_forward(h, **self.params_of(b + "mlp.c_fc"))
+                h, saved[b + "mlp.act"] = gelu_forward(h)  # (B, T, hidden)
             h, saved[b + "mlp.c_proj"] = linear_forward(h, **self.params_of(b + "mlp.c_proj"))
             x = x + h
         h, saved["ln_f"] = norm(x, **self.params_of("ln_f"))
@@ -419,7 +427,6 @@ class GPT:
             raise RuntimeError("backward() needs a forward(idx, targets), with targets, before it")
         cfg = self.config
         norm = self.norm[1]
-        act = self.act[1]
         grads = {name: np.zeros_like(w) for name, w in self.params.items()}
         # The gradient at each layer's output.
         douts = {}
@@ -442,12 +449,22 @@ class GPT:
             # x = x + f(x): the residual passes dx on unchanged, and f's gradient at its input is
             # added to it (rule 1).
             dh = back(block + "mlp.c_proj", linear_backward, dx)  # (B, T, hidden)
-            dh = back(block + "mlp.act", act, dh)  # (B, T, hidden), twice that for SwiGLU
-            dh = back(block + "mlp.c_fc", linear_backward, dh)  # (B, T, C)
+            if cfg.mlp == "swiglu":
+                dgate, dup = back(block + "mlp.act", swiglu_backward, dh)  # (B, T, hidden) each
+                # gate and up were maps of the same h: h's gradient is the sum of theirs (rule 1).
+                dh = back(block + "mlp.c_fc", linear_backward, dup)  # (B, T, C)
+                dh = dh + back(block + "mlp.c_gate", linear_backward, dgate)  # (B, T, C)
+            else:
+                dh = back(block + "mlp.act", gelu_backward, dh)  # (B, T, hidden)
+                dh = back(block + "mlp.c_fc", linear_backward, dh)  # (B, T, C)
             dx = dx + back(block + "ln_2", norm, dh)
             dh = back(block + "attn.c_proj", linear_backward, dx)  # (B, T, C)
-            dh = back(block + "attn", attention_backward, dh)  # (B, T, 3C)
-            dh = back(block + "attn.c_attn", linear_backward, dh)  # (B, T, C)
+            dq, dk, dv = back(block + "attn", attention_backward, dh)  # (B, T, C) each
+            # q, k and v were three maps of the same h: as at the residual stream, a value used by
+            # several paths gets the sum of their gradients (rule 1).
+            dh = back(block + "attn.c_v", linear_backward, dv)  # (B, T, C)
+            dh = dh + back(block + "attn.c_k", linear_backward, dk)  # (B, T, C)
+            dh = dh + back(block + "attn.c_q", linear_backward, dq)  # (B, T, C)
             dx = dx + back(block + "ln_1", norm, dh)
         if cfg.pos == "learned":
             # The same rows were added to every sequence (rule 2).
@@ -523,10 +540,14 @@ def init_params(config, seed=0, dtype=np.float32):
     for i in range(config.n_layer):
         block = f"h.{i}."
         norm(block + "ln_1")
-        linear(block + "attn.c_attn", 3 * C, C)
+        linear(block + "attn.c_q", C, C)
+        linear(block + "attn.c_k", C, C)
+        linear(block + "attn.c_v", C, C)
         linear(block + "attn.c_proj", C, C, std=proj_std)
         norm(block + "ln_2")
-        linear(block + "mlp.c_fc", 2 * hidden if config.mlp == "swiglu" else hidden, C)
+        linear(block + "mlp.c_fc", hidden, C)
+        if config.mlp == "swiglu":
+            linear(block + "mlp.c_gate", hidden, C)
         linear(block + "mlp.c_proj", C, hidden, std=proj_std)
     norm("ln_f")
     if not config.tie_weights:
@@ -686,18 +707,35 @@ def check_layer(forward, backward, x, seed=0, tolerance=1e-6, **params):
         def cube_backward(dout, x):
             return dout * 3 * x ** 2, {}
         check_layer(cube_forward, cube_backward, np.random.randn(4, 5))   # [x: ok (3.0e-10, ...)]
-    """
+
+    A layer of several inputs gets them as a dict, {"gate": g, "up": u}, in the order its forward
+    takes them; its backward's dx is then the tuple of their gradients, and each gets a row."""
+    names = list(x) if isinstance(x, dict) else ["x"]
+    values = list(x.values()) if isinstance(x, dict) else [x]
+
+    def run_forward():
+        # Copies at every call, of the inputs and of dout below: a forward or backward that
+        # writes into its arrays in place changes neither the arrays the finite differences move
+        # nor dout, so it cannot make a wrong gradient pass, or a right one fail.
+        copies = {key: np.copy(value) for key, value in params.items()}
+        return forward(*[np.copy(value) for value in values], **copies)
+
     try:
-        out, saved = forward(x, **params)
+        out, saved = run_forward()
         dout = np.random.default_rng(seed).standard_normal(np.shape(out))
-        dx, dparams = backward(dout, saved)
+        dx, dparams = backward(np.copy(dout), saved)
+        # One input's dx on its own; several inputs' as a tuple.
+        dxs = list(dx) if isinstance(x, dict) else [dx]
+        if len(dxs) != len(values):
+            raise ValueError(f"the backward gave {len(dxs)} input gradients for {len(values)} "
+                             f"inputs")
 
         def loss():
-            return float(np.sum(forward(x, **params)[0] * dout))
+            return float(np.sum(run_forward()[0] * dout))
 
         inputs = [(key, params[key], dparams[key]) for key in params]
-        if dx is not None:
-            inputs.insert(0, ("x", x, dx))
+        # None for an input without a gradient: the embedding's integer indices.
+        inputs[:0] = [row for row in zip(names, values, dxs) if row[2] is not None]
         rows = []
         for name, value, grad in inputs:
             # A gradient of another shape could broadcast against the reference, unnoticed.
@@ -714,8 +752,9 @@ def check_layer(forward, backward, x, seed=0, tolerance=1e-6, **params):
 @np.errstate(all="ignore")
 def check_model(block, switches, rng, tolerance=1e-6):
     """Rows for every tensor of a 2-layer GPT of that block: 12 entries of each gradient against
-    finite differences, measured against the scale of its whole gradient; one ERROR row if the
-    model's forward or backward raises."""
+    finite differences, measured against the scale of its whole gradient, or a hundredth of the
+    model's largest entry where that is more; one ERROR row if the model's forward or backward
+    raises."""
     B, T, C, nh, V = 2, 5, 8, 2, 7
     targets = rng.integers(0, V, (B, T))
     idx = rng.integers(0, V, (B, T))
@@ -723,21 +762,34 @@ def check_model(block, switches, rng, tolerance=1e-6):
     # Gains and biases away from 1 and 0, where they would hide errors.
     params = {name: w + 0.3 * rng.standard_normal(w.shape)
               for name, w in init_params(config, seed=1, dtype=np.float64).items()}
-    model = GPT(config, params)
+
+    def fresh():
+        # Copies for each model: a layer that writes into the weights, the indices or the targets
+        # in place cannot move what the finite differences measure.
+        return GPT(config, {name: w.copy() for name, w in params.items()})
+
     rows = []
     try:
-        model.forward(idx, targets)
+        model = fresh()
+        model.forward(idx.copy(), targets.copy())
         grads = model.backward()
+        # In GPT-2's block the keys' bias has a gradient of zero: it adds q.b to every score of a
+        # query's row, and softmax ignores a shift the whole row shares (rope turns b by another
+        # angle at each position, and so gives it a gradient). Its finite differences are
+        # rounding noise alone, with no scale of their own to be relative to.
+        floor = max(np.abs(g).max() for g in grads.values()) / 100
 
         def loss():
-            return model.forward(idx, targets)[1]
+            return fresh().forward(idx.copy(), targets.copy())[1]
 
         for name, w in params.items():
             picked = rng.choice(w.size, min(w.size, 12), replace=False)
             entries = [np.unravel_index(i, w.shape) for i in picked]
             numeric = numerical_gradient(loss, w, entries)
             analytic = np.array([grads[name][i] for i in entries])
-            error = rel_error(analytic, numeric, scale=np.abs(grads[name]).max())
+            # With numeric's own scale: a gradient of zeros is never right where it is not.
+            scale = max(np.abs(grads[name]).max(), np.abs(numeric).max(), floor)
+            error = rel_error(analytic, numeric, scale=scale)
             rows.append(Row(f"model ({block}): {name}", error, tolerance))
     except Exception as e:
         rows.append(Row(f"model ({block}): backward", raised=one_line(e)))
@@ -769,11 +821,12 @@ def check(tolerance=1e-6, log=print):
          dict(weight=randn(C), bias=randn(C))),
         ("rmsnorm", rmsnorm_forward, rmsnorm_backward, randn(B, T, C), dict(weight=randn(C))),
         ("gelu", gelu_forward, gelu_backward, randn(B, T, C), {}),
-        ("swiglu", swiglu_forward, swiglu_backward, randn(B, T, 2 * C), {}),
-        ("attention", lambda x: attention_forward(x, nh), attention_backward, randn(B, T, 3 * C),
+        ("swiglu", swiglu_forward, swiglu_backward, dict(gate=randn(B, T, C), up=randn(B, T, C)),
          {}),
-        ("attention, rope", lambda x: attention_forward(x, nh, (cos, sin)), attention_backward,
-         randn(B, T, 3 * C), {}),
+        ("attention", lambda q, k, v: attention_forward(q, k, v, nh), attention_backward,
+         dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
+        ("attention, rope", lambda q, k, v: attention_forward(q, k, v, nh, (cos, sin)),
+         attention_backward, dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
         ("softmax", softmax_forward, softmax_backward, randn(B, T, T), {}),
         ("rope", lambda x: rope_forward(x, cos, sin), rope_backward, randn(B, nh, T, C // nh), {}),
         ("embedding", embedding_forward, embedding_backward, idx, dict(weight=randn(V, C))),
@@ -804,12 +857,69 @@ def check(tolerance=1e-6, log=print):
 
 
 # --------------------------------------------------------------------------------------- workbook
+# Each exercise's fields, and what each holds.
+EXERCISE_FIELDS = {"title": str, "function": str, "change": str, "to": str, "rows": dict,
+                   "models": dict, "why": str}
+
+
 def exercises():
     """The workbook, workbook.json beside this file: each exercise names a function here, a line of
-    it to change and how; its answer, the rows of --check that turn WRONG or ERROR, and why."""
+    it to change and how; its answer, the rows of --check that turn WRONG or ERROR, and why. A
+    workbook that is missing, unreadable or not of that shape raises a ValueError of one line."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workbook.json")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    fix = "put back the workbook.json that came with gpt_numpy.py"
+    try:
+        if not os.path.isfile(path):
+            raise OSError(0, "it is not a file" if os.path.exists(path) else "it is missing")
+        size = os.path.getsize(path)
+        if size == 0:
+            raise OSError(0, "it is empty")
+        # The workbook has a few thousand bytes: a far larger file is not it, and is not read.
+        if size > 1_000_000:
+            raise OSError(0, f"it has {size:,} bytes, where the workbook has a few thousand")
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read the workbook {path} ({e.strerror}): {fix}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read the workbook {path} (it is not UTF-8 text): {fix}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the workbook {path} is not valid JSON ({e.msg} at line {e.lineno}, "
+                         f"column {e.colno}): {fix}") from None
+    except RecursionError:
+        raise ValueError(f"the workbook {path} is not the workbook (its lists or objects nest "
+                         f"too deep to read): {fix}") from None
+    problem = workbook_problem(found)
+    if problem is not None:
+        raise ValueError(f"the workbook {path} is broken ({problem}): {fix}")
+    return found
+
+
+def workbook_problem(found):
+    """What is wrong with the shape of a workbook as JSON reads it, in a few words; None if
+    nothing."""
+    # Python's types by JSON's names for them.
+    kinds = {dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
+             bool: "true or false", type(None): "null"}
+    if not isinstance(found, list):
+        return f"it holds {kinds[type(found)]}, not a list of exercises"
+    if not found:
+        return "it holds no exercises"
+    for number, ex in enumerate(found, 1):
+        if not isinstance(ex, dict):
+            return f"exercise {number} is {kinds[type(ex)]}, not an object of fields"
+        for field, kind in EXERCISE_FIELDS.items():
+            if field not in ex:
+                return f'exercise {number} has no "{field}"'
+            if not isinstance(ex[field], kind):
+                held = kinds[type(ex[field])]
+                return f'exercise {number}\'s "{field}" is {held}, not {kinds[kind]}'
+        for field in ("rows", "models"):
+            for name, verdict in ex[field].items():
+                if verdict not in ("WRONG", "ERROR"):
+                    return (f'exercise {number}\'s "{field}" gives {name} the verdict '
+                            f'{verdict!r}, not "WRONG" or "ERROR"')
+    return None
 
 
 def exercise_text(number, answer=False):
@@ -873,10 +983,9 @@ def read_text(path, block_size):
 def main(argv=None):
     parser = Parser(description="The NumPy twin: check its gradients, or train a tiny GPT with "
                                 "NumPy alone.")
-    parser.add_argument("path", nargs="?", default="input.txt",
-                        help="text to train on (default: %(default)s)")
-    parser.add_argument("--seconds", type=seconds_type, default=60,
-                        help="training time (default: %(default)s)")
+    # No defaults here: None tells that --check or --exercise was given a training input.
+    parser.add_argument("path", nargs="?", help="text to train on (default: input.txt)")
+    parser.add_argument("--seconds", type=seconds_type, help="training time (default: 60)")
     parser.add_argument("--check", action="store_true",
                         help="instead: check every gradient by finite differences")
     parser.add_argument("--exercise", metavar="N",
@@ -887,31 +996,48 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.answer and args.exercise in (None, "list"):
         parser.error("--answer goes with --exercise N")
-    if args.exercise == "list":
-        for number, ex in enumerate(exercises(), 1):
-            print(f"{number:2d}. {ex['function']}: {ex['title']}")
-        return
+    if args.check and args.exercise is not None:
+        parser.error("--check and --exercise are two modes: give one")
+    mode = "--check" if args.check else "--exercise" if args.exercise is not None else None
+    if mode is not None and (args.path is not None or args.seconds is not None):
+        parser.error(f"{mode} trains nothing: a text and --seconds go with the training alone")
     if args.exercise is not None:
         try:
-            print(exercise_text(int(args.exercise), args.answer))
+            found = exercises()
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        if args.exercise == "list":
+            for number, ex in enumerate(found, 1):
+                print(f"{number:2d}. {ex['function']}: {ex['title']}")
+            return
+        try:
+            number = int(args.exercise)
         except ValueError:
-            count = len(exercises())
-            sys.exit(f"error: --exercise takes a number from 1 to {count}, or list; not "
+            number = 0
+        if not 1 <= number <= len(found):
+            sys.exit(f"error: --exercise takes a number from 1 to {len(found)}, or list; not "
                      f"{args.exercise!r}")
+        print(exercise_text(number, args.answer))
         return
     # A character stdout cannot encode prints as an escape, not an error.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     if args.check:
         sys.exit(0 if check() else 1)
+    path = "input.txt" if args.path is None else args.path
+    seconds = 60 if args.seconds is None else args.seconds
     B, T = 16, 64
     try:
-        text = read_text(args.path, T)
+        text = read_text(path, T)
+        chars = sorted(set(text))
+        stoi = {ch: i for i, ch in enumerate(chars)}
+        # Straight into the array: a list of the ids first would take twice the memory.
+        data = np.fromiter(map(stoi.__getitem__, text), dtype=np.int64, count=len(text))
     except ValueError as e:
         sys.exit(f"error: {e}")
-    chars = sorted(set(text))
-    stoi = {ch: i for i, ch in enumerate(chars)}
-    data = np.array([stoi[ch] for ch in text], dtype=np.int64)
+    except MemoryError:
+        sys.exit(f"error: out of memory reading {path}: give a smaller text (a few MB is "
+                 f"more than a minute's training reads)")
     n = int(0.9 * len(data))
     config = GPTConfig(vocab_size=len(chars), block_size=T, n_layer=2, n_head=4, n_embd=64)
     model = GPT(config, init_params(config))
@@ -929,14 +1055,14 @@ def main(argv=None):
 
     n_params = sum(w.size for w in model.params.values())
     print(f"training a {n_params:,}-parameter GPT ({config.n_layer} layers, {config.n_embd} wide, "
-          f"context {T}) on {args.path} with NumPy alone, for {args.seconds:g} s")
+          f"context {T}) on {path} with NumPy alone, for {seconds:g} s")
     print("untrained, it writes: " + repr(decode(model.generate(prompt, 60, generator=rng)[0, 1:])))
     t0 = time.time()
     step = 0
     last_report = 0.0
     try:
         # One step at least.
-        while step == 0 or time.time() - t0 < args.seconds:
+        while step == 0 or time.time() - t0 < seconds:
             _, loss = model.forward(*batch(data[:n]))
             optimizer.step(model.backward())
             if step == 0:
@@ -944,7 +1070,7 @@ def main(argv=None):
                       f"ln({len(chars)}) = {math.log(len(chars)):.3f})", flush=True)
             step += 1
             elapsed = time.time() - t0
-            if elapsed - last_report >= max(args.seconds / 10, 1):
+            if elapsed - last_report >= max(seconds / 10, 1):
                 ms = elapsed / step * 1000
                 print(f"{elapsed:.0f} s: step {step}, loss {loss:.3f}, {ms:.0f} ms/step",
                       flush=True)

@@ -1,34 +1,27 @@
-"""Muon for gpt.py's models: torch.optim.Muon's update with the Newton-Schulz products of all the
-matrices of one shape taken as one batch (faster), and each weight that stacks several maps side by
-side orthogonalised map by map (better). train.py and bench.py step with it; gpt.py, which is read
+"""Muon for gpt.py's models: torch.optim.Muon's update, with the Newton-Schulz products of all the
+matrices of one shape taken as one batch. train.py and bench.py step with it; gpt.py, which is read
 alone, keeps torch's.
 
     trainer = gpt.Trainer(tc, data)
-    trainer.optimizers = muon.batched(trainer.optimizers, trainer.model)
+    trainer.optimizers = muon.batched(trainer.optimizers)
 
 torch.optim.Muon orthogonalises one matrix at a time: five iterations of three small products
-each, 240 products a step for the 16 matrices of the default model, each too small to keep the CPU
-busy. Stacking the matrices of one shape gives a few batched products (torch.bmm) an iteration
-instead, large enough for the CPU's bfloat16 units.
+each, 420 products a step for the 28 matrices of the default model's blocks, each too small to keep
+the CPU busy. Stacking the matrices of one shape gives a few batched products (torch.bmm) an
+iteration instead, large enough for the CPU's bfloat16 units. The default model (n_embd 128, a
+SwiGLU hidden width of 384) has matrices of two shapes once the tall ones are turned wide: 16 of
+(128, 128), the attention's c_q, c_k, c_v and c_proj, and 12 of (128, 384), the MLP's c_fc, c_gate
+and c_proj; two batches, six batched products an iteration.
 
-gpt.py's c_attn holds the attention's query, key and value maps in one weight, and SwiGLU's c_fc
-its gate and up projection: three maps and two, which torch's Muon orthogonalises as one matrix.
-Given the model, batched() has them orthogonalised one map at a time, as if each were a weight of
-its own, its learning rate scaled by its own shape. In 90 s of training on input.txt this took the
-default model's val loss from 1.578 to 1.538 at the same step time (docs/benchmarks.md, block 11).
-The maps then come in two shapes, (128, 128) and (128, 352) once turned wide: six batched products
-an iteration.
-
-Everything else is torch's Muon: the momentum, the quintic iteration and its coefficients, the
-bfloat16 products, the learning rate scaled by the matrix's shape, the decoupled weight decay, and
-the state it keeps, so a checkpoint's optimizer state moves between the two either way. Without
-the model, the update is torch's.
+Each weight of gpt.py is one map (the query, key and value maps, and SwiGLU's gate and up
+projection, have weights of their own), so orthogonalising weight by weight is orthogonalising map
+by map. Everything else is torch's Muon: the momentum, the quintic iteration and its coefficients,
+the bfloat16 products, the learning rate scaled by the matrix's shape, the decoupled weight decay,
+and the state it keeps, so a checkpoint's optimizer state moves between the two either way.
 """
 import math
 
 import torch
-
-import gpt
 
 
 def orthogonalize(updates, coefficients, steps, eps):
@@ -63,26 +56,8 @@ def lr_scale(shape, adjust_lr_fn):
     return math.sqrt(max(1, rows / cols))
 
 
-def pieces(model):
-    """{weight: how many maps it stacks} for a gpt.GPT's weights that hold several maps in one (also
-    inside torch.compile or DDP): the attention's c_attn (query, key and value) and SwiGLU's c_fc
-    (gate and up projection)."""
-    stacked = {}
-    for module in model.modules():
-        if isinstance(module, gpt.CausalSelfAttention):
-            stacked[module.c_attn.weight] = 3
-        elif isinstance(module, gpt.MLP) and module.swiglu:
-            stacked[module.c_fc.weight] = 2
-    return stacked
-
-
 class BatchedMuon(torch.optim.Muon):
-    """torch.optim.Muon, whose step orthogonalises the matrices of one shape together; pieces, as
-    pieces() gives them, names the weights that stack several maps, each orthogonalised alone."""
-
-    def __init__(self, params, pieces=None, **options):
-        super().__init__(params, **options)
-        self.pieces = pieces or {}
+    """torch.optim.Muon, whose step orthogonalises the matrices of one shape together."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -105,32 +80,23 @@ class BatchedMuon(torch.optim.Muon):
             updates = buffers
             if group["nesterov"]:
                 updates = [g.lerp(buf, momentum) for g, buf in zip(grads, buffers)]
-            # A weight of k stacked maps is k matrices of its rows / k, one after the other.
-            counts = [self.pieces.get(p, 1) for p in params]
-            matrices = [m for update, k in zip(updates, counts) for m in update.chunk(k)]
-            matrices = orthogonalize(matrices, group["ns_coefficients"], group["ns_steps"],
-                                     group["eps"])
+            updates = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"],
+                                    group["eps"])
             lr = float(group["lr"])
-            # Decoupled weight decay, then the step, each map's scaled by its own shape.
+            # Decoupled weight decay, then the step, each scaled by its matrix's shape.
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-            start = 0
-            for p, k in zip(params, counts):
-                maps = matrices[start:start + k]
-                start += k
-                scale = lr_scale(maps[0].shape, group["adjust_lr_fn"])
-                p.add_(torch.cat(maps), alpha=-lr * scale)
+            for p, update in zip(params, updates):
+                p.add_(update, alpha=-lr * lr_scale(p.shape, group["adjust_lr_fn"]))
         return loss
 
 
-def batched(optimizers, model=None):
+def batched(optimizers):
     """optimizers, each torch.optim.Muon among them replaced by a BatchedMuon over the same
-    parameters, with the same options and state; given the model, one that orthogonalises each of
-    its stacked maps alone."""
-    stacked = pieces(model) if model is not None else {}
+    parameters, with the same options and state."""
     out = []
     for optimizer in optimizers:
         if type(optimizer) is torch.optim.Muon:
-            fast = BatchedMuon([dict(group) for group in optimizer.param_groups], stacked,
+            fast = BatchedMuon([dict(group) for group in optimizer.param_groups],
                                **optimizer.defaults)
             fast.load_state_dict(optimizer.state_dict())
             optimizer = fast

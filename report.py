@@ -46,8 +46,8 @@ def queries_keys_values(attn, x, rope=None):
     """What a gpt.CausalSelfAttention computes from its input x (B, T, C) before its fused
     attention: q, k and v, (B, nh, T, hs) each, q and k turned by the rotary tables rope."""
     B, T, C = x.shape
-    qkv = attn.c_attn(x).view(B, T, 3, attn.n_head, C // attn.n_head)  # (B, T, 3, nh, hs)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs) each
+    q, k, v = [m(x).view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2)  # (B, nh, T, hs) each
+               for m in (attn.c_q, attn.c_k, attn.c_v)]
     if rope is not None:
         q = gpt.rope_forward(q, *rope)
         k = gpt.rope_forward(k, *rope)

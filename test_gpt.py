@@ -20,7 +20,7 @@ import gpt
 import gpt_numpy
 import report
 from conftest import (HERE, TINY, SWITCHES, TEXT, HANG, tiny_model, tiny_train_config, quiet, ByteTokenizer,
-                      TWIN_CONFIGS, twin_pair)
+                      TWIN_CONFIGS, twin_pair, zero_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------- gpt.py itself
@@ -48,9 +48,9 @@ def test_code_lines_counts_code_alone():
 
 
 # The design card asks for at most 320 lines of code in gpt.py and 480 in all (wc -l). Holding the card's list alone,
-# Muon included, with every rule of plain lines, it has 381 and 582: these numbers may only go down.
-GPT_PY_CODE_LINES = 381
-GPT_PY_LINES = 582
+# Muon included, with every rule of plain lines, it has 380 and 581: these numbers may only go down.
+GPT_PY_CODE_LINES = 380
+GPT_PY_LINES = 581
 
 
 def test_gpt_py_is_plain():
@@ -109,11 +109,11 @@ def test_tokenizer_round_trip():
 @pytest.mark.parametrize("bad, message", [
     (dict(n_embd=30, n_head=4, pos="learned"), r"n_embd \(30\) must be a multiple of 4: of n_head \(4\), twice"),
     (dict(n_embd=18, n_head=6), r"n_embd \(18\) must be a multiple of 12: of n_head \(6\), twice that with pos='rope'"),
-    (dict(n_head=0), "n_head must be at least 1, not 0"),  # not a ZeroDivisionError
-    (dict(vocab_size=0), "vocab_size must be at least 1, not 0"),  # not an empty model
-    (dict(n_layer=float("nan")), "n_layer must be at least 1, not nan"),
-    (dict(block_size=-3), "block_size must be at least 1, not -3"),
-    (dict(n_embd=0), "n_embd must be at least 1"),
+    (dict(n_head=0), r"n_head must be in \[1, inf\), not 0"),  # not a ZeroDivisionError
+    (dict(vocab_size=0), r"vocab_size must be in \[1, inf\), not 0"),  # not an empty model
+    (dict(n_layer=float("nan")), "n_layer must be of type int, not nan"),
+    (dict(block_size=-3), r"block_size must be in \[1, inf\), not -3"),
+    (dict(n_embd=0), r"n_embd must be in \[1, inf\)"),
     (dict(norm="batchnorm"), "norm must be one of rmsnorm, layernorm, not 'batchnorm'$"),
     (dict(pos="alibi"), "pos must be one of"),
     (dict(mlp="relu"), "mlp must be one of"),
@@ -462,9 +462,11 @@ def test_twin_equals_pytorch_in_float64(name):
     pairs = [("logits", twin_logits, logits.detach().numpy())]
     pairs += [(n, grads[n], p.grad.numpy()) for n, p in named.items()]
     table = error_table(pairs)
+    largest = max(p.grad.abs().max().item() for p in named.values())
     for tensor_name, ours, ref in pairs:
         assert ours.shape == ref.shape and ours.dtype == np.float64
-        assert gpt_numpy.rel_error(ours, ref) <= 1e-10, f"{tensor_name} differs:\n{table}"
+        scale = largest if zero_gradient(tensor_name, model.config) else None
+        assert gpt_numpy.rel_error(ours, ref, scale) <= 1e-10, f"{tensor_name} differs:\n{table}"
     assert abs(twin_loss - loss.item()) <= 1e-12 * abs(loss.item())
 
 
@@ -478,16 +480,20 @@ def test_twin_agrees_in_float32(name):
     assert twin_logits.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())
     ref = logits.detach().numpy()
     np.testing.assert_allclose(twin_logits, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+    largest = max(p.grad.abs().max().item() for p in model.parameters())
     for n, p in model.named_parameters():
         ref = p.grad.numpy()
-        np.testing.assert_allclose(grads[n], ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(), err_msg=n)
+        scale = largest if zero_gradient(n, model.config) else np.abs(ref).max()
+        np.testing.assert_allclose(grads[n], ref, rtol=1e-4, atol=1e-5 * scale, err_msg=n)
 
 
-def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it():
-    model, twin, idx, targets = twin_pair("gpt2")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it(name):
+    model, twin, idx, targets = twin_pair(name)
     outputs = {}
     for name, module in model.named_modules():
-        if name.split(".")[-1] in ("wte", "ln_1", "c_attn", "c_proj", "ln_2", "c_fc", "ln_f", "lm_head"):
+        if name.split(".")[-1] in ("wte", "ln_1", "c_q", "c_k", "c_v", "c_proj", "ln_2", "c_fc", "c_gate", "ln_f",
+                                   "lm_head"):
             module.register_forward_hook(lambda m, i, out, name=name: outputs.setdefault(name, out).retain_grad())
     model(idx, targets)[1].backward()
     twin.forward(idx.numpy(), targets.numpy())
@@ -569,6 +575,8 @@ def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
         grads = twin.backward()
         twin_muon.step(grads)
         adamw.step(grads)
+    largest = max(np.abs(p.detach().numpy() - before[n]).max() for n, p in model.named_parameters())
     for n, p in model.named_parameters():
         moved = p.detach().numpy() - before[n]
-        assert gpt_numpy.rel_error(twin.params[n] - before[n], moved) < 1e-8, n
+        scale = largest if zero_gradient(n, model.config) else None  # AdamW's steps on rounding noise
+        assert gpt_numpy.rel_error(twin.params[n] - before[n], moved, scale) < 1e-8, n

@@ -16,7 +16,7 @@ import pytest
 import gpt2
 import gpt_numpy
 from conftest import (HERE, TINY, TEXT, HANG, run_cli, interrupted, fixture_weights, fixture_logits, TWIN_CONFIGS,
-                      twin_pair)
+                      twin_pair, zero_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------- the twin
@@ -26,12 +26,14 @@ def test_twin_gradients_match_finite_differences(name):
     idx, targets = idx.numpy(), targets.numpy()
     twin.forward(idx, targets)
     grads = twin.backward()
+    largest = max(np.abs(g).max() for g in grads.values())
     rng = np.random.default_rng(0)
     for tensor_name, w in twin.params.items():
         entries = [np.unravel_index(i, w.shape) for i in rng.choice(w.size, size=min(3, w.size), replace=False)]
         numeric = gpt_numpy.numerical_gradient(lambda: twin.forward(idx, targets)[1], w, entries, h=1e-5)
         analytic = np.array([grads[tensor_name][i] for i in entries])
-        assert gpt_numpy.rel_error(analytic, numeric, scale=np.abs(grads[tensor_name]).max()) <= 1e-6, tensor_name
+        scale = largest if zero_gradient(tensor_name, twin.config) else np.abs(grads[tensor_name]).max()
+        assert gpt_numpy.rel_error(analytic, numeric, scale=scale) <= 1e-6, tensor_name
 
 
 def test_twin_trains_and_samples():
@@ -49,7 +51,8 @@ def test_twin_trains_and_samples():
         optimizer.step(twin.backward())
     assert loss < 0.25 * math.log(len(chars)), loss
     out = twin.generate(data[None, :5], 40, temperature=0)
-    drawn = lambda seed: twin.generate(data[None, :5], 20, top_k=5, top_p=0.9, generator=np.random.default_rng(seed))
+    drawn = lambda seed: twin.generate(data[None, :5], 20, temperature=2.0, top_k=5, top_p=0.9,
+                                       generator=np.random.default_rng(seed))  # hot: a trained model may be sure
     assert np.array_equal(drawn(3), drawn(3)) and not np.array_equal(drawn(3), drawn(4))
     assert set("".join(chars[i] for i in out[0]).split()[:-1]) <= set(text.split())  # the last word may be cut
 
@@ -82,7 +85,7 @@ def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
     for layer in ("crossentropy", "linear", "layernorm", "rmsnorm", "gelu", "swiglu", "attention", "attention, rope",
                   "softmax", "rope", "embedding", "model (gpt2): h.1.mlp.c_fc.bias", "model (llama): lm_head.weight"):
         assert f"\n{layer}" in table, layer
-    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "59 ok, 0 WRONG, 0 ERROR"
+    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "78 ok, 0 WRONG, 0 ERROR"
 
 
 def layernorm_without_the_mean(dout, saved, right=gpt_numpy.layernorm_backward):
@@ -93,7 +96,7 @@ def layernorm_without_the_mean(dout, saved, right=gpt_numpy.layernorm_backward):
 
 def swiglu_without_the_gates_sigmoid(dout, saved):
     gate, up, s = saved
-    return np.concatenate([dout * up * s, dout * gate * s], axis=-1), {}  # silu's derivative taken as s alone
+    return (dout * up * s, dout * gate * s), {}  # silu's derivative taken as s alone
 
 
 @pytest.mark.parametrize("name, broken, first_wrong", [
@@ -101,8 +104,8 @@ def swiglu_without_the_gates_sigmoid(dout, saved):
     ("crossentropy_backward", lambda dloss, saved: (saved[0] - np.eye(saved[0].shape[-1])[saved[1]], {}),
      "crossentropy: dx"),  # the 1/N dropped
     ("gelu_backward", lambda dout, saved: (dout * 0.5 * (1 + saved[1]), {}), "gelu: dx"),  # half the product rule
-    ("swiglu_backward", swiglu_without_the_gates_sigmoid, "swiglu: dx"),
-    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "attention, rope: dx"),
+    ("swiglu_backward", swiglu_without_the_gates_sigmoid, "swiglu: dgate"),
+    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "attention, rope: dq"),
 ])
 def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch, name, broken, first_wrong):
     monkeypatch.setattr(gpt_numpy, name, broken)
@@ -156,7 +159,7 @@ def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_i
     lines = []
     assert not twin.check(log=lines.append)
     assert "model (llama): " in lines[-2] and any(line.startswith("embedding: ") for line in lines), lines  # to the end
-    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("59 ok")
+    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("78 ok")
     assert says is None or any(says in line for line in lines), lines
     done = run_cli(str(tmp_path / "broken_twin.py"), "--check")
     assert done.returncode == 1 and "Traceback" not in done.stderr and done.stdout.count("\n") >= 12, done.stderr
@@ -179,7 +182,7 @@ def test_check_runs_where_torch_cannot_be_imported():
             "runpy.run_path('gpt_numpy.py', run_name='__main__')")
     done = run_cli("-c", code)
     assert done.returncode == 0, done.stderr
-    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("59 ok, 0 WRONG, 0 ERROR")
+    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("78 ok, 0 WRONG, 0 ERROR")
     closed = subprocess.Popen([sys.executable, "gpt_numpy.py", "--check"], cwd=HERE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     closed.stdout.readline()

@@ -139,7 +139,7 @@ def set_up(tc, data_file, given, resume, init_from, rank, log):
     tc = distributed.process_config(tc, rank)
     trainer = gpt.Trainer(tc, ids, tokenizer, model and model.train(), log)
     # Muon's products batched by the matrices' shapes: the same update, a faster step.
-    trainer.optimizers = muon.batched(trainer.optimizers, trainer.model)
+    trainer.optimizers = muon.batched(trainer.optimizers)
     if resume:
         checkpoint.resume(trainer, ckpt, path)
         distributed.reseed(trainer, rank)
