@@ -1,14 +1,18 @@
 """Tests of loading, checking and restoring a saved run."""
+import os
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
 import checkpoint
+import data
 import gpt
 import sample
 import train
-from conftest import TEXT, tiny_train_config, tiny_flags, quiet, one_line_error, hand_made, set_in
+from conftest import HERE, TEXT, run_cli, tiny_train_config, tiny_flags, quiet, one_line_error, hand_made, set_in
 
 
 def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(tmp_path):
@@ -109,3 +113,50 @@ def test_a_checkpoint_resumes_with_its_own_optimizer_and_a_forged_muon_state_is_
         message = one_line_error(capsys, train, *flags, "--resume", "--max_iters", "4")
         assert "holds a training state that does not fit its model: the optimizers' states" in message, message
         torch.save(good, tmp_path / "out" / "ckpt.pt")
+
+
+BEFORE_SPLIT = os.path.join(HERE, "fixtures", "ckpt_before_split")
+
+
+def test_a_checkpoint_from_before_each_map_had_a_weight_loads_to_its_logits(tmp_path):
+    ckpt = torch.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), weights_only=True)
+    saved = torch.load(os.path.join(BEFORE_SPLIT, "logits.pt"), weights_only=True)
+    assert "h.0.attn.c_attn.weight" in ckpt["model"]  # the old layout, as it was saved
+    with pytest.raises(RuntimeError, match="c_attn"):  # gpt.py alone does not take it
+        gpt.load_checkpoint(os.path.join(BEFORE_SPLIT, "ckpt.pt"), "cpu")
+    model, tokenizer, _ = checkpoint.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), "cpu")
+    assert tokenizer.encode("Before we go") == saved["prompt"][0].tolist()
+    torch.testing.assert_close(model(saved["prompt"])[0], saved["logits"], rtol=1e-5, atol=1e-6)
+    # Each map is its block of rows: the query's the first n_embd of c_attn, SwiGLU's gate the first half of c_fc.
+    state = model.state_dict()
+    assert torch.equal(state["h.1.attn.c_v.weight"], ckpt["model"]["h.1.attn.c_attn.weight"][32:])
+    assert torch.equal(state["h.0.mlp.c_gate.weight"], ckpt["model"]["h.0.mlp.c_fc.weight"][:64])
+    assert torch.equal(state["h.0.mlp.c_fc.weight"], ckpt["model"]["h.0.mlp.c_fc.weight"][64:])
+
+
+def test_a_checkpoint_from_before_each_map_had_a_weight_samples_and_resumes(tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(BEFORE_SPLIT, out)
+    text = tmp_path / "text.txt"
+    text.write_text(Path(HERE, "input.txt").read_text(encoding="utf-8")[:1000], encoding="utf-8")
+    proc = run_cli("sample.py", "--out_dir", str(out), "--max_new_tokens", "10", "--num_samples", "1")
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
+    trainer, stopped = train.run(gpt.TrainConfig(out_dir=str(out), device="cpu"), data.DataFile(str(text)), quiet,
+                                 resume=True, given=dict(max_iters=6))
+    assert stopped is None and trainer.it == 6 and [h["iter"] for h in trainer.history] == [4, 6]
+    new = torch.load(out / "ckpt.pt", weights_only=True)
+    assert "h.0.attn.c_q.weight" in new["model"] and "h.0.attn.c_attn.weight" not in new["model"]
+
+
+def test_the_optimizers_states_of_the_old_layout_are_cut_as_its_weights_are(tmp_path):
+    ckpt = torch.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), weights_only=True)
+    model, tokenizer, loaded = checkpoint.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), "cpu")
+    tc = gpt.TrainConfig(**{**checkpoint.recorded_options(ckpt, "ckpt.pt", ""), "out_dir": "", "device": "cpu"})
+    trainer = gpt.Trainer(tc, "Before we go" * 20, tokenizer, model.train(), log=quiet)
+    checkpoint.resume(trainer, loaded, "ckpt.pt")
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon_state = {names[id(p)]: s["momentum_buffer"] for p, s in trainer.optimizers[1].state.items()}
+    old = ckpt["optimizers"][1]["state"][0]["momentum_buffer"]  # the first Muon weight: h.0.attn.c_attn
+    assert torch.equal(muon_state["h.0.attn.c_q.weight"], old[:16])
+    assert torch.equal(muon_state["h.0.attn.c_k.weight"], old[16:32])
+    assert len(muon_state) == 14  # 7 maps a layer, 2 layers

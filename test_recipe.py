@@ -21,7 +21,6 @@ import report
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEXT = Path(HERE, "input.txt").read_text(encoding="utf-8")[:20_000]
 TINY = dict(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16)
-BEFORE_SPLIT = os.path.join(HERE, "fixtures", "ckpt_before_split")
 
 
 def quiet(*args, **kwargs):
@@ -78,34 +77,6 @@ def test_rotary_turns_the_query_and_the_key_each_after_its_own_map():
     y = (weights.softmax(-1) @ split(attn.c_v(x))).transpose(1, 2).reshape(1, 6, 16)
     torch.testing.assert_close(attn(x, rope), attn.c_proj(y), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.stack(report.queries_keys_values(attn, x, rope)[:2]), torch.stack([q, k]))
-
-
-def old_layout_to_new(state, n_embd, hidden):
-    """The weights of a checkpoint written before each map had a weight of its own, in today's names: c_attn's rows
-    [0, C) are c_q, [C, 2C) c_k, [2C, 3C) c_v; SwiGLU's c_fc's rows [0, H) are c_gate and [H, 2H) c_fc."""
-    new = {}
-    for name, w in state.items():
-        if ".attn.c_attn." in name:
-            for i, part in enumerate(("c_q", "c_k", "c_v")):
-                new[name.replace("c_attn", part)] = w[i * n_embd:(i + 1) * n_embd]
-        elif ".mlp.c_fc." in name and len(w) == 2 * hidden:
-            new[name.replace("c_fc", "c_gate")] = w[:hidden]
-            new[name] = w[hidden:]
-        else:
-            new[name] = w
-    return new
-
-
-def test_a_checkpoint_from_before_the_split_gives_its_logits_with_its_weights_split_by_rows():
-    ckpt = torch.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), weights_only=True)
-    saved = torch.load(os.path.join(BEFORE_SPLIT, "logits.pt"), weights_only=True)
-    config = gpt.GPTConfig(**ckpt["config"])
-    assert "h.0.attn.c_attn.weight" in ckpt["model"] and config.mlp == "swiglu"  # the old layout, as it was saved
-    with pytest.raises(RuntimeError, match="c_attn"):  # today's model does not take it as it is
-        gpt.GPT(config).load_state_dict(ckpt["model"])
-    model = gpt.GPT(config).eval()
-    model.load_state_dict(old_layout_to_new(ckpt["model"], config.n_embd, 64))
-    torch.testing.assert_close(model(saved["prompt"])[0], saved["logits"], rtol=1e-5, atol=1e-5)
 
 
 def test_gpt2s_c_attn_is_split_into_views_of_the_weights_given():
