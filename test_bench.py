@@ -135,13 +135,14 @@ def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("flags, match", [
-    (["--set", "block_size=5000"], "--block_size 5000 is too long for the"),
-    (["--data", "SHORT"], "--block_size 128 is too long for the"),
+    (["--data", "TEXT", "--set", "block_size=5000"], "--block_size 5000 is too long for the 3000 tokens"),
+    (["--data", "SHORT"], "--block_size 128 is too long for the 30 tokens"),
 ])
 def test_bench_optimizers_holds_its_data_to_train_pys_checks(tmp_path, flags, match):
-    short = tmp_path / "short.txt"
-    short.write_text(TEXT[:300], encoding="utf-8")
-    flags = [str(short) if flag == "SHORT" else flag for flag in flags]
+    (tmp_path / "short.txt").write_text(TEXT[:300], encoding="utf-8")
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    paths = {"SHORT": str(tmp_path / "short.txt"), "TEXT": str(tmp_path / "text.txt")}
+    flags = [paths.get(flag, flag) for flag in flags]
     proc = run_cli("bench.py", "--optimizers", "1", *flags)
     assert proc.returncode == 1 and match in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
 
