@@ -37,6 +37,18 @@ def test_gpt2_from_state_dict_computes_the_logits_transformers_computed():
     assert not torch.allclose(one_head(ids)[0], expected, atol=1e-3)
 
 
+def test_gpt2s_c_attn_is_split_into_views_of_the_weights_given():
+    weights = fixture_weights()
+    model = gpt2.from_state_dict(weights, n_head=2)
+    c_attn = weights["transformer.h.1.attn.c_attn.weight"]  # Conv1D: (in, out), q, k, v side by side in columns
+    bias = weights["transformer.h.1.attn.c_attn.bias"]
+    attn = model.h[1].attn
+    for i, linear in enumerate((attn.c_q, attn.c_k, attn.c_v)):
+        assert torch.equal(linear.weight, c_attn[:, i * 64:(i + 1) * 64].t())
+        assert torch.equal(linear.bias, bias[i * 64:(i + 1) * 64])
+        assert linear.weight.untyped_storage().data_ptr() == c_attn.untyped_storage().data_ptr()  # not copied
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda w: w.update({"transformer.h.0.mlp.c_gate.weight": torch.zeros(3)}),
      "not GPT-2's weights: h.0.mlp.c_gate.weight is not one of GPT-2's tensors"),

@@ -1,8 +1,11 @@
-"""Tests of gpt_numpy.py on its own: its gradients, training, check table, workbook and demo.
+"""Tests of gpt_numpy.py on its own: its layout, gradients, training, check table (in-place writes included),
+workbook and demo.
 Its agreement with PyTorch is in test_gpt.py.
 """
 import importlib.util
+import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -77,6 +80,92 @@ def test_the_twin_runs_gpt2s_weights():
                                atol=1e-5 * expected.abs().max().item())
 
 
+# ------------------------------------------------------------------------------------------------ a weight for each map
+GPT2 = TWIN_CONFIGS["gpt2"]
+LLAMA = TWIN_CONFIGS["llama"]
+
+
+def twin_of(switches, seed=0, **overrides):
+    """A twin in float64 with its weights moved off their init values (gains off 1, biases off 0)."""
+    config = gpt_numpy.GPTConfig(**{**dict(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16), **switches,
+                                    **overrides})
+    rng = np.random.default_rng(seed)
+    params = {n: w + 0.2 * rng.standard_normal(w.shape)
+              for n, w in gpt_numpy.init_params(config, seed=seed, dtype=np.float64).items()}
+    idx = rng.integers(0, config.vocab_size, (3, 7))
+    targets = rng.integers(0, config.vocab_size, (3, 7))
+    return gpt_numpy.GPT(config, params), idx, targets
+
+
+def test_every_map_has_a_weight_of_its_own():
+    C = 48  # GELU's hidden width 4 C = 192, SwiGLU's 64 * ceil(8 C / 3 / 64) = 128: they differ
+    for switches, hidden in ((GPT2, 192), (LLAMA, 128)):
+        config = gpt_numpy.GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=C, **switches)
+        block = {n: w.shape for n, w in gpt_numpy.init_params(config).items() if n.startswith("h.0.")}
+        weights = {"attn.c_q": (C, C), "attn.c_k": (C, C), "attn.c_v": (C, C), "attn.c_proj": (C, C),
+                   "mlp.c_fc": (hidden, C), "mlp.c_proj": (C, hidden)}
+        if switches["mlp"] == "swiglu":
+            weights["mlp.c_gate"] = (hidden, C)
+        expected = {f"h.0.{n}.weight": shape for n, shape in weights.items()}
+        expected.update({f"h.0.{n}.bias": (shape[0],) for n, shape in weights.items() if switches["bias"]})
+        norms = ("ln_1", "ln_2")
+        expected.update({f"h.0.{n}.weight": (C,) for n in norms})
+        expected.update({f"h.0.{n}.bias": (C,) for n in norms if switches["norm"] == "layernorm"})
+        assert block == expected
+
+
+@pytest.mark.parametrize("switches", [GPT2, LLAMA])
+def test_the_block_computes_from_its_maps_as_gpt_py_does(switches):
+    twin, idx, targets = twin_of(switches)
+    twin.forward(idx, targets)
+    saved = twin.saved
+    p = twin.params
+    # The same normed input reaches the three maps of the attention.
+    h = saved["h.0.attn.c_q"][0]
+    assert saved["h.0.attn.c_k"][0] is h and saved["h.0.attn.c_v"][0] is h
+    v = (h @ p["h.0.attn.c_v.weight"].T + p.get("h.0.attn.c_v.bias", 0)).reshape(3, 7, 2, 8).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(saved["h.0.attn"].v, v, rtol=1e-12, atol=1e-12)
+    h = saved["h.0.mlp.c_fc"][0]
+    up = h @ p["h.0.mlp.c_fc.weight"].T + p.get("h.0.mlp.c_fc.bias", 0)
+    if switches["mlp"] == "swiglu":
+        assert saved["h.0.mlp.c_gate"][0] is h
+        gate = h @ p["h.0.mlp.c_gate.weight"].T
+        expected = gate / (1 + np.exp(-gate)) * up  # silu(c_gate(x)) * c_fc(x)
+    else:
+        expected = 0.5 * up * (1 + np.tanh(math.sqrt(2 / math.pi) * (up + 0.044715 * up ** 3)))
+    np.testing.assert_allclose(saved["h.0.mlp.c_proj"][0], expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("switches", [GPT2, LLAMA])
+def test_an_input_read_by_several_maps_gets_the_sum_of_their_gradients(switches):
+    twin, idx, targets = twin_of(switches)
+    twin.forward(idx, targets)
+    _, douts = twin.backward(activations=True)
+    maps = {"ln_1": ["attn.c_q", "attn.c_k", "attn.c_v"]}
+    if switches["mlp"] == "swiglu":
+        maps["ln_2"] = ["mlp.c_fc", "mlp.c_gate"]
+    for block in ("h.0.", "h.1."):
+        for norm, readers in maps.items():
+            parts = [gpt_numpy.linear_backward(douts[block + r], twin.saved[block + r])[0] for r in readers]
+            # The gradient at the norm's output, as its backward received it.
+            np.testing.assert_allclose(douts[block + norm], sum(parts), rtol=1e-12, atol=1e-15)
+            for part in parts:
+                assert gpt_numpy.rel_error(part, douts[block + norm]) > 0.01  # no one path alone
+
+
+def test_the_keys_bias_has_a_gradient_of_zero_with_learned_positions_and_not_with_rope():
+    for pos, zero in (("learned", True), ("rope", False)):
+        twin, idx, targets = twin_of({**GPT2, "pos": pos})
+        twin.forward(idx, targets)
+        grads = twin.backward()
+        largest = max(np.abs(g).max() for g in grads.values())
+        for block in ("h.0.", "h.1."):
+            keys_bias = np.abs(grads[block + "attn.c_k.bias"]).max()
+            # Softmax ignores a shift every key of a row shares; rope turns the bias by each position's angle.
+            assert (keys_bias <= 1e-12 * largest) == zero, (pos, keys_bias, largest)
+            assert np.abs(grads[block + "attn.c_q.bias"]).max() > 1e-3 * largest
+
+
 # ---------------------------------------------------------------------------------------------------- the check table
 def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
     lines = []
@@ -114,13 +203,16 @@ def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch,
     assert re.search(f"WRONG, 0 ERROR: first {re.escape(first_wrong)}$", lines[-1]), lines[-1]
 
 
+def verdicts(lines):
+    """{row name: ok, WRONG or ERROR} of a --check table."""
+    return {line[:44].strip(): "ERROR" if "  ERROR  " in line else line.split()[-1] for line in lines[1:-1]}
+
+
 def check_rows(lines):
     """The rows of a --check table that are not ok: {layer row: verdict}, {model: verdict}."""
     rows = {}
     models = {}
-    for line in lines[1:-1]:
-        name = line[:44].strip()
-        verdict = "ERROR" if "  ERROR  " in line else line.split()[-1]
+    for name, verdict in verdicts(lines).items():
         if verdict != "ok" and name.startswith("model ("):
             models[name[len("model ("):name.index(")")]] = verdict
         elif verdict != "ok":
@@ -131,7 +223,7 @@ def check_rows(lines):
 def broken_twin(tmp_path, change, to):
     """A copy of gpt_numpy.py with one line changed, imported as a module of its own."""
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
-    assert source.count(change) == 1, change  # the exercise's line is in the file, once
+    assert source.count(change) == 1, change  # the line to change is in the file, once
     path = tmp_path / "broken_twin.py"
     path.write_text(source.replace(change, to), encoding="utf-8")
     shutil.copy(Path(HERE, "workbook.json"), tmp_path / "workbook.json")
@@ -191,6 +283,126 @@ def test_check_runs_where_torch_cannot_be_imported():
         assert closed.wait(timeout=HANG) in (0, 141) and closed.stderr.read() == b""
 
 
+def test_the_check_has_a_row_for_each_input_and_each_weight_and_every_one_is_ok():
+    lines = []
+    assert gpt_numpy.check(log=lines.append)
+    rows = verdicts(lines)
+    assert set(rows.values()) == {"ok"} and lines[-1] == f"{len(rows)} ok, 0 WRONG, 0 ERROR"
+    for name in ("swiglu: dgate", "swiglu: dup", "attention: dq", "attention: dk", "attention: dv",
+                 "attention, rope: dq", "attention, rope: dk", "attention, rope: dv", "linear: dweight"):
+        assert name in rows, name
+    for block, switches in (("gpt2", GPT2), ("llama", LLAMA)):
+        config = gpt_numpy.GPTConfig(vocab_size=7, block_size=5, n_layer=2, n_head=2, n_embd=8, **switches)
+        tensors = {name[len(f"model ({block}): "):] for name in rows if name.startswith(f"model ({block}): ")}
+        assert tensors == set(gpt_numpy.init_params(config))
+
+
+def test_a_model_gradient_of_zeros_is_wrong_where_the_true_one_is_not(tmp_path):
+    # Every gradient of the model zero: no scale of its own, yet never ok against finite differences that are not.
+    twin = broken_twin(tmp_path, 'grads[f"{params or name}.{key}"] += g', 'grads[f"{params or name}.{key}"] += 0 * g')
+    lines = []
+    assert not twin.check(log=lines.append)
+    rows = verdicts(lines)
+    model = {name: v for name, v in rows.items() if name.startswith("model (")}
+    # The keys' bias of GPT-2's block aside, whose true gradient is zero too.
+    assert len(model) > 50 and all(v == "WRONG" for n, v in model.items() if not n.endswith("attn.c_k.bias")), model
+    assert all(v == "ok" for name, v in rows.items() if name not in model)
+
+
+# ------------------------------------------------------------------------------------ the check against in-place writes
+def cube_forward(x):
+    return x * x * x, x
+
+
+def test_check_layer_is_not_fooled_by_a_backward_that_writes_into_its_arrays():
+    x = np.random.default_rng(0).standard_normal((4, 5))
+
+    def scales_dout(dout, x):
+        dout *= 2
+        return dout * 3 * x ** 2, {}  # twice the gradient
+
+    def adds_to_x(dout, x):
+        x += 1
+        return dout * 3 * x ** 2, {}  # the gradient at x + 1
+
+    for backward in (scales_dout, adds_to_x):
+        [row] = gpt_numpy.check_layer(cube_forward, backward, x)
+        assert row.verdict == "WRONG" and row.error > 0.1, (backward.__name__, row)
+
+
+def test_check_layer_passes_a_right_gradient_whatever_forward_and_backward_write_in_place():
+    x = np.random.default_rng(0).standard_normal((4, 5))
+    kept = x.copy()
+
+    def cube_in_place(x):
+        saved = x.copy()
+        x *= x * x  # out is the input array itself
+        return x, saved
+
+    def right_in_place(dout, x):
+        dout *= 3 * x ** 2
+        x += 1  # after use
+        return dout, {}
+
+    def scale_forward(x, weight):
+        return x * weight, (x, weight)
+
+    def spoils_the_weight(dout, saved):
+        x, weight = saved
+        dx = dout * weight
+        weight += 5  # after use
+        return dx, {"weight": (dout * x).sum(0)}
+
+    for forward, backward, params in ((cube_in_place, right_in_place, {}), (cube_forward, right_in_place, {}),
+                                      (scale_forward, spoils_the_weight, dict(weight=np.linspace(1, 2, 5)))):
+        rows = gpt_numpy.check_layer(forward, backward, x, **params)
+        assert [row.verdict for row in rows] == ["ok"] * (1 + len(params)), (forward.__name__, rows)
+    assert np.array_equal(x, kept)  # the caller's array as it was
+
+
+LINEAR_DOUT = "    dout2 = dout.reshape(-1, dout.shape[-1])  # (B*T, out)\n"
+LINEAR_END = "        dparams[\"bias\"] = dout2.sum(0)  # (out,)\n    return dx, dparams\n"
+
+
+@pytest.mark.parametrize("change, to, wrong", [
+    (LINEAR_DOUT, LINEAR_DOUT + "    dout2 *= 2\n", {"linear: dx", "linear: dweight", "linear: dbias"}),
+    (LINEAR_DOUT, "    dout *= 2\n" + LINEAR_DOUT, {"linear: dx", "linear: dweight", "linear: dbias"}),
+    (LINEAR_DOUT, LINEAR_DOUT + "    x += 1\n", {"linear: dweight"}),
+])
+def test_an_in_place_write_in_linear_backward_turns_its_rows(tmp_path, change, to, wrong):
+    twin = broken_twin(tmp_path, change, to)
+    x = np.random.default_rng(1).standard_normal((2, 5, 8))
+    weight = np.random.default_rng(2).standard_normal((3, 8))
+    rows = twin.check_layer(twin.linear_forward, twin.linear_backward, x, weight=weight, bias=np.ones(3))
+    assert {f"linear: d{row.name}" for row in rows if row.verdict == "WRONG"} == wrong, rows
+    lines = []
+    assert not twin.check(log=lines.append)
+    rows = verdicts(lines)
+    assert {name for name, v in rows.items() if v != "ok" and not name.startswith("model (")} == wrong
+    assert rows["model (gpt2): h.0.attn.c_q.weight"] == rows["model (llama): h.0.attn.c_q.weight"] == "WRONG"
+
+
+def test_a_right_backward_that_spoils_its_weight_after_use_still_passes_everywhere(tmp_path):
+    twin = broken_twin(tmp_path, LINEAR_END, LINEAR_END.replace("    return", "    weight *= 1.5\n    return"))
+    lines = []
+    assert twin.check(log=lines.append), "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", ["gelu_backward", "rmsnorm_backward"])
+def test_the_tables_row_turns_for_a_layer_that_scales_dout_in_place(monkeypatch, name):
+    right = getattr(gpt_numpy, name)
+
+    def scales_dout(dout, saved):
+        dout *= 2
+        return right(dout, saved)
+
+    monkeypatch.setattr(gpt_numpy, name, scales_dout)
+    lines = []
+    assert not gpt_numpy.check(log=lines.append)
+    layer = name[:-len("_backward")]
+    assert verdicts(lines)[f"{layer}: dx"] == "WRONG"
+
+
 # ---------------------------------------------------------------------------------------------------- the workbook
 def test_every_exercise_of_the_workbook_turns_the_rows_its_answer_names(tmp_path):
     exercises = gpt_numpy.exercises()
@@ -222,7 +434,75 @@ def test_the_workbook_from_the_command_line(capsys):
         assert says in message and exit_info.value.code != 0, message
 
 
-# ---------------------------------------------------------------------------------------------------- the demo
+@pytest.fixture
+def twin_dir(tmp_path):
+    """A folder holding a copy of gpt_numpy.py, and no workbook."""
+    shutil.copy(Path(HERE, "gpt_numpy.py"), tmp_path / "gpt_numpy.py")
+    return tmp_path
+
+
+def assert_one_line(done, *says, code=1):
+    assert done.returncode == code and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and all(s in done.stderr for s in says), done.stderr
+
+
+def test_a_missing_workbook_is_one_line_naming_it_in_every_mode_that_reads_it(twin_dir):
+    workbook = str(twin_dir / "workbook.json")
+    for args in (["--exercise", "list"], ["--exercise", "1"], ["--exercise", "1", "--answer"]):
+        done = run_cli("gpt_numpy.py", *args, cwd=twin_dir)
+        assert_one_line(done, f"cannot read the workbook {workbook} (it is missing)", "put back the workbook.json")
+        assert "cannot write" not in done.stderr
+
+
+def without(number, field):
+    exercises = json.loads(Path(HERE, "workbook.json").read_text(encoding="utf-8"))
+    del exercises[number - 1][field]
+    return json.dumps(exercises).encode()
+
+
+def changed(number, field, value):
+    exercises = json.loads(Path(HERE, "workbook.json").read_text(encoding="utf-8"))
+    exercises[number - 1][field] = value
+    return json.dumps(exercises).encode()
+
+
+WORKBOOK = Path(HERE, "workbook.json").read_bytes()
+
+
+@pytest.mark.parametrize("content, says", [
+    pytest.param("FOLDER", "(it is not a file)", id="folder"),
+    pytest.param(b"", "(it is empty)", id="empty"),
+    pytest.param(bytes(range(256)) * 4, "(it is not UTF-8 text)", id="binary"),
+    pytest.param(WORKBOOK[:len(WORKBOOK) // 2], "is not valid JSON (", id="cut short"),
+    pytest.param(b"[" * 100_000, "nest too deep", id="deep"),
+    pytest.param(b"[" + b" " * 2_000_000 + b"]", "(it has 2,000,002 bytes, where the workbook has a few thousand)",
+                 id="huge"),
+    pytest.param(b'{"title": "x"}', "is broken (it holds an object, not a list of exercises)", id="an object"),
+    pytest.param(b"[]", "is broken (it holds no exercises)", id="no exercise"),
+    pytest.param(b"[3]", "is broken (exercise 1 is a number, not an object of fields)", id="a number"),
+    pytest.param(without(2, "title"), 'is broken (exercise 2 has no "title")', id="no title"),
+    pytest.param(changed(3, "rows", []), 'is broken (exercise 3\'s "rows" is a list, not an object)', id="rows"),
+    pytest.param(changed(4, "why", None), 'is broken (exercise 4\'s "why" is null, not text)', id="why"),
+    pytest.param(changed(5, "models", {"gpt2": "wrong"}), "gives gpt2 the verdict 'wrong', not \"WRONG\" or \"ERROR\"",
+                 id="verdict"),
+])
+def test_a_bad_workbook_is_one_line_naming_it_and_what_is_wrong(twin_dir, content, says):
+    workbook = twin_dir / "workbook.json"
+    if content == "FOLDER":
+        workbook.mkdir()
+    else:
+        workbook.write_bytes(content)
+    for args in (["--exercise", "list"], ["--exercise", "2", "--answer"]):
+        done = run_cli("gpt_numpy.py", *args, cwd=twin_dir)
+        assert_one_line(done, f"the workbook {workbook}", says, "put back the workbook.json")
+
+
+def test_the_workbook_as_it_comes_passes_its_own_shape_check():
+    exercises = gpt_numpy.exercises()
+    assert gpt_numpy.workbook_problem(exercises) is None and len(exercises) >= 18
+
+
+# ---------------------------------------------------------------------------------------- the demo and its command line
 @pytest.mark.parametrize("content, match", [
     (None, "there is no such file"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),
     (bytes(range(256)) * 40, "it is not UTF-8 text"),
@@ -262,3 +542,37 @@ def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
                      r"ln\(\d+\) = \d\.\d+\)", out), out
     assert re.search(r"\d+ s: step \d+, loss \d\.\d+, \d+ ms/step", out), out
     assert re.search(r"after \d+ steps at \d+ ms/step: val loss \d\.\d+\nsample:\n.{20}", out, re.S), out
+
+
+def test_a_mode_refuses_an_input_it_would_ignore(twin_dir):
+    for args, says in ((["--check", "input.txt"], "--check trains nothing"),
+                       (["--exercise", "1", "--seconds", "5"], "--exercise trains nothing"),
+                       (["--check", "--exercise", "1"], "--check and --exercise are two modes: give one")):
+        assert_one_line(run_cli("gpt_numpy.py", *args, cwd=twin_dir), says, code=2)
+
+
+def test_a_text_that_is_a_pipe_or_a_broken_link_is_one_line(twin_dir):
+    pipe = twin_dir / "pipe"
+    os.mkfifo(pipe)
+    link = twin_dir / "link"
+    link.symlink_to(twin_dir / "gone")
+    cut = twin_dir / "cut"
+    cut.write_bytes("é".encode() * 2000 + "é".encode()[:1])  # its last character cut in half
+    for path, says in ((pipe, "it is not a file"), (link, "there is no such file"), (cut, "it is not UTF-8 text")):
+        done = run_cli("gpt_numpy.py", str(path), "--seconds", "1", cwd=twin_dir)
+        assert_one_line(done, f"cannot read {path} ({says})")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and sets RLIMIT_AS")
+def test_a_text_too_big_for_the_memory_is_one_line(twin_dir):
+    import resource
+    # The address space the twin takes once imported, before it reads a text; 64 MB more is its limit here.
+    probe = run_cli("-c", "import gpt_numpy; print(open('/proc/self/status').read())", cwd=twin_dir)
+    peak = int(re.search(r"VmPeak:\s+(\d+) kB", probe.stdout).group(1)) * 1024
+    limit = peak + 64 * 2 ** 20
+    text = twin_dir / "big.txt"
+    with open(text, "wb") as f:
+        f.truncate(256 * 2 ** 20)  # 256 MB of NULs, none of them written to the disk
+    done = run_cli("gpt_numpy.py", str(text), "--seconds", "1", cwd=twin_dir,
+                   preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert_one_line(done, f"error: out of memory reading {text}: give a smaller text")

@@ -1,4 +1,5 @@
 """Tests of muon.py: BatchedMuon against torch.optim.Muon."""
+import inspect
 from dataclasses import replace
 
 import pytest
@@ -72,3 +73,35 @@ def test_batched_replaces_torch_muon_alone_with_its_options_and_state_and_either
     plain.load_state_dict(fast.state_dict())
     adamw_state = gpt.configure_optimizers(model, replace(tc, optimizer="adamw"))[0].state_dict()
     assert not checkpoint.state_fits(fast, adamw_state)
+
+
+# ---------------------------------------------------------------------------------- muon.batched on gpt.py's optimizers
+def test_one_step_of_gpt_pys_optimizers_on_the_default_model_is_what_batched_muon_steps():
+    tc = gpt.TrainConfig()
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(gpt.GPT(tc.model_config()))
+    ours = gpt.configure_optimizers(models[0], tc)
+    theirs = muon.batched(gpt.configure_optimizers(models[1], tc))
+    assert [type(o) for o in ours] == [torch.optim.AdamW, torch.optim.Muon]
+    assert [type(o) for o in theirs] == [torch.optim.AdamW, muon.BatchedMuon]
+    assert len(ours[1].param_groups[0]["params"]) == 4 * 7  # q, k, v, the attention's c_proj; up, gate, c_proj
+    start = [p.detach().clone() for p in models[0].parameters()]
+    torch.manual_seed(1)
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    for optimizer in ours + theirs:
+        optimizer.step()
+    moved = {id(p): p0 for p, p0 in zip(models[0].parameters(), start)}
+    for p, q in zip(ours[1].param_groups[0]["params"], theirs[1].param_groups[0]["params"]):
+        step = torch.linalg.norm(p - moved[id(p)])
+        # Both run the products in bfloat16; a batched product may round otherwise than a lone one.
+        assert torch.linalg.norm(p - q) < 0.02 * step, p.shape
+
+
+def test_muon_batched_takes_the_optimizers_alone_and_nothing_stacks_maps_any_more():
+    assert list(inspect.signature(muon.batched).parameters) == ["optimizers"]
+    assert not hasattr(muon, "pieces")
+    assert "pieces" not in inspect.signature(muon.BatchedMuon).parameters
