@@ -151,6 +151,8 @@ def read_ids(path, dtype="uint16", flag="--data"):
     if not size or size % itemsize:
         raise ValueError(f"{path} has {size} bytes, not a whole number of {dtype} ids, one at least: "
                          f"pass --dtype the type its ids were written in")
+    return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+
 
 @dataclass
 class DataFile:
