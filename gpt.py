@@ -13,8 +13,7 @@ import torch.nn.functional as F
 
 
 class CharTokenizer:
-    """One token per distinct character; every text it saw round-trips. Any tokenizer with encode,
-    decode and vocab_size works in its place: tiktoken's, sentencepiece's, a word list."""
+    """One token per character seen. Any tokenizer with encode, decode and vocab_size fits."""
 
     def __init__(self, chars):
         self.chars = "".join(sorted(set(chars)))
@@ -36,29 +35,23 @@ LOWEST = {"warmup_iters": 0, "seed": 0, "learning_rate": 1e-9, "muon_lr": 1e-9}
 
 @dataclass
 class GPTConfig:
-    """The model: a Llama-style block by default; GPT-2's is norm="layernorm", pos="learned",
-    mlp="gelu", bias=True."""
+    """Llama's block by default; GPT-2's: norm="layernorm", pos="learned", mlp="gelu", bias=True."""
     # Tokens in the vocabulary: the training text's characters, or a tokenizer's vocab_size.
     vocab_size: int = 65
     # The context: the most tokens the model reads at once.
     block_size: int = 128
-    # Transformer blocks.
     n_layer: int = 4
-    # Attention heads.
     n_head: int = 4
     # Width of the residual stream.
     n_embd: int = 128
-    # Dropout probability.
     dropout: float = 0.0
     # Biases in the linear layers and LayerNorm.
     bias: bool = False
     # Share the token embedding with the output layer.
     tie_weights: bool = True
-    # rmsnorm or layernorm (GPT-2's).
     norm: str = "rmsnorm"
     # rope (rotary) or learned (GPT-2's position embeddings).
     pos: str = "rope"
-    # swiglu or gelu (GPT-2's).
     mlp: str = "swiglu"
 
     def __post_init__(self):
@@ -93,11 +86,9 @@ def make_norm(config):
 def rope_tables(config):
     """cos and sin of every position's angles, (block_size, head size) each."""
     hs = config.n_embd // config.n_head
-    # Channels j and j + hs/2 turn by pos * 10000^(-2j/hs): fast pairs tell near positions apart,
-    # slow pairs far ones.
+    # Pair (j, j+hs/2) turns by pos * 10000^(-2j/hs): fast pairs part near positions, slow ones far.
     inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
-    positions = torch.arange(config.block_size, dtype=torch.float64)
-    angles = torch.outer(positions, inv_freq).repeat(1, 2)  # (block_size, hs)
+    angles = torch.outer(torch.arange(config.block_size).double(), inv_freq).repeat(1, 2)
     return angles.cos().float(), angles.sin().float()
 
 
@@ -173,7 +164,6 @@ class MLP(nn.Module):
         # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units keep the size of
         # GELU's 4 * n_embd, rounded up to a multiple of 64, a width matrix products run fast at.
         hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
-        # The up projection, SwiGLU's and GELU's; SwiGLU's gate is a map of its own.
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.c_gate = nn.Linear(config.n_embd, hidden, bias=config.bias) if self.swiglu else None
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
@@ -266,30 +256,24 @@ class GPT(nn.Module):
         cache = KVCache(self.config)
         # The tokens the model conditions on: the last block_size of the prompt and the samples.
         context = idx[:, -block_size:]
-        # What the next forward reads: the whole context first, then each new token alone.
-        new = context
         for _ in range(max_new_tokens):
-            logits, _ = self(new, cache=cache)
-            # The last position's logits predict the next token; in float32, as bf16 autocast leaves
-            # them in bfloat16, whose 8 bits of precision would tie close logits.
+            # An empty cache reads the whole context; a filled one, the newest token alone.
+            logits, _ = self(context[:, -1:] if cache.pos else context, cache=cache)
+            # The last position predicts the next token; in float32, as bfloat16 ties close logits.
             logits = logits[:, -1, :].float()  # (B, vocab_size)
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
                 # Less their max, the logits are at most 0: a tiny temperature sends them to -inf,
                 # not inf. Below 1e-30, float32 would round the temperature to 0, and 0 / 0 is NaN.
-                logits = logits - logits.max(dim=-1, keepdim=True).values
-                logits = logits / max(temperature, 1e-30)
+                logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
                 probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
                 next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
             yield next_id
             context = torch.cat([context, next_id], dim=1)[:, -block_size:]
-            new = next_id
             if cache.pos == block_size:
-                # Past block_size the context slides, and each cached key was computed at a position
-                # since shifted: the cache refills from the context, a full forward per token.
+                # Past block_size the context slides and cached keys sit at stale positions: refill.
                 cache.reset()
-                new = context
 
 
 def filter_logits(logits, top_k=None, top_p=None):
@@ -298,12 +282,11 @@ def filter_logits(logits, top_k=None, top_p=None):
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
-        # The probabilities from the likeliest down, and where each token stands in that order.
+        # From the likeliest down, a token goes when those before it reach top_p; the first stays
+        # (float32 may round a tiny top_p to 0). Each verdict then goes back to its token's place.
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
-        # A token goes when the tokens before it already reach top_p; the likeliest always stays.
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
         drop_sorted[..., 0] = False
-        # Each verdict goes back to its token's place in the vocabulary.
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return logits
 
@@ -321,8 +304,7 @@ def autocast(device):
 
 
 def save_checkpoint(ckpt, path):
-    """Writes ckpt to a temporary file, on the disk, then renames it over path, so that a crash or a
-    power cut mid-write leaves the old checkpoint whole."""
+    """Writes path.tmp to the disk, then renames it to path: a crash leaves the last one whole."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     tmp = path + ".tmp"
@@ -345,8 +327,7 @@ def save_checkpoint(ckpt, path):
 
 
 def load_checkpoint(path, device=None):
-    """(the model in eval mode on device, or the best here; its CharTokenizer, or None for another
-    tokenizer, which ckpt["tokenizer"] names; the checkpoint)."""
+    """The model in eval mode on device, its CharTokenizer (or None for another), the checkpoint."""
     device = get_device(device)
     # weights_only: tensors and plain data alone, so that a downloaded checkpoint cannot run code.
     ckpt = torch.load(path, map_location=device, weights_only=True)
@@ -358,14 +339,12 @@ def load_checkpoint(path, device=None):
 
 @dataclass
 class TrainConfig(GPTConfig):
-    """The run's options and, inherited, the model's: one config, as one command line gives them.
-    The defaults train for 3 to 5 minutes on 2 cores."""
+    """The run's options and the model's; the defaults train for 3 to 5 minutes on 2 cores."""
     # Folder of ckpt.pt, the checkpoint ("" writes none).
     out_dir: str = "out"
     # Optimizer steps in all.
     max_iters: int = 4000
-    # Seconds of wall time to train instead of max_iters (0: off); the learning rate then decays
-    # over time.
+    # Seconds to train instead of max_iters (0: off); the learning rate then decays over time.
     max_time: float = 0.0
     # Evaluate and save every this many steps.
     eval_interval: int = 500
@@ -379,7 +358,6 @@ class TrainConfig(GPTConfig):
     learning_rate: float = 3e-3
     # Learning rate at the end of the cosine decay.
     min_lr: float = 3e-4
-    # Steps of linear warmup.
     warmup_iters: int = 100
     # Weight decay, on matrices only.
     weight_decay: float = 0.1
@@ -389,27 +367,22 @@ class TrainConfig(GPTConfig):
     optimizer: str = "muon"
     # Muon's peak learning rate, on learning_rate's schedule.
     muon_lr: float = 0.01
-    # Muon's momentum.
     muon_momentum: float = 0.95
     # Clip the gradient norm to this (0: off).
     grad_clip: float = 1.0
-    # Random seed.
     seed: int = 1337
     # cpu, cuda, cuda:N or mps ("": the best available).
     device: str = ""
 
     def model_config(self, **changes):
-        """The model's part of these options, a GPTConfig, changed as asked."""
-        options = {f.name: getattr(self, f.name) for f in fields(GPTConfig)}
-        return GPTConfig(**{**options, **changes})
+        return GPTConfig(**({f.name: getattr(self, f.name) for f in fields(GPTConfig)} | changes))
 
 
 def configure_optimizers(model, tc, device_type="cpu"):
     """[AdamW], or with tc.optimizer "muon" [AdamW, Muon]: Muon for the blocks' matrices."""
     if tc.optimizer not in ("adamw", "muon"):
         raise ValueError(f"optimizer must be adamw or muon, not {tc.optimizer!r}")
-    # Muon orthogonalises each matrix's update, so that all its directions move alike; embeddings
-    # and the output layer, which see one row per token, stay with AdamW.
+    # Muon moves all of a matrix's directions alike; wte and lm_head, a row per token, keep AdamW.
     blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
     muon = blocks if tc.optimizer == "muon" else []
     # Decay pulls matrices toward zero; on gains and biases it would only fight the norms. Muon's
@@ -463,8 +436,7 @@ class Trainer:
     tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
-        # The options again, for a tc changed after it was made; then a folder that cannot take
-        # the checkpoint fails now, not at the first save minutes later.
+        # The options again, for a tc changed since; an out_dir that takes no checkpoint fails now.
         tc.__post_init__()
         if tc.out_dir:
             try:
@@ -512,7 +484,6 @@ class Trainer:
         return xy[:, :-1], xy[:, 1:]  # (B, T) each
 
     def done(self):
-        """Whether the run is over: by the clock with max_time, else by the steps."""
         tc = self.tc
         return self.elapsed >= tc.max_time if tc.max_time else self.it >= tc.max_iters
 
@@ -557,19 +528,17 @@ class Trainer:
         self.log(line)
 
     def save(self):
-        """Writes out_dir/ckpt.pt ("": none) with all a resume needs; weights not finite, never."""
+        """Writes out_dir/ckpt.pt ("": none): all a resume needs, and never weights NaN or inf."""
         if not self.tc.out_dir:
             return
-        # Weights a step turned NaN or inf must never replace the last good checkpoint.
         if not all(p.isfinite().all() for p in self.model.parameters()):
             raise ValueError(f"the weights turned NaN or inf at iteration {self.it}, and were not "
                              f"saved: a learning rate or weight decay too high can do it")
-        rng = {"torch": torch.get_rng_state(), "batches": self.generator.get_state()}
-        ckpt = {"model": self.model.state_dict(), "config": asdict(self.model.config),
-                "train_config": asdict(self.tc), "chars": getattr(self.tokenizer, "chars", None),
-                "tokenizer": getattr(self.tokenizer, "name", None), "iter": self.it,
-                "elapsed": self.elapsed, "history": self.history, "rng": rng,
-                "optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
+        ckpt = dict(model=self.model.state_dict(), config=asdict(self.model.config), iter=self.it,
+                    train_config=asdict(self.tc), chars=getattr(self.tokenizer, "chars", None),
+                    tokenizer=getattr(self.tokenizer, "name", None), elapsed=self.elapsed,
+                    history=self.history, optimizers=[o.state_dict() for o in self.optimizers],
+                    rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()})
         save_checkpoint(ckpt, os.path.join(self.tc.out_dir, "ckpt.pt"))
 
 

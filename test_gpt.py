@@ -50,9 +50,9 @@ def test_code_lines_counts_code_alone():
 
 
 # The design card asks for at most 320 lines of code in gpt.py and 480 in all (wc -l). Holding the card's list alone,
-# Muon included, with every rule of plain lines, it has 380 and 581: these numbers may only go down.
-GPT_PY_CODE_LINES = 380
-GPT_PY_LINES = 581
+# Muon included, with every rule of plain lines, it has 373 and 550: these numbers may only go down.
+GPT_PY_CODE_LINES = 373
+GPT_PY_LINES = 550
 
 
 def test_gpt_py_is_plain():
