@@ -8,7 +8,6 @@ import re
 import stat
 import subprocess
 import sys
-import time
 import tokenize
 from dataclasses import replace
 from pathlib import Path
@@ -438,10 +437,10 @@ def test_an_out_dir_that_names_a_file_fails_before_the_first_step(tmp_path, monk
 def test_an_out_dir_that_cannot_be_written_fails_in_gpt_train_at_once(tmp_path, monkeypatch):
     steps = []
     monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1))
-    started = time.monotonic()
     with pytest.raises(ValueError, match=r"cannot write a checkpoint in out_dir '/sys/nope' \(.+\): use a"):
         gpt.train(tiny_train_config(tmp_path, out_dir="/sys/nope", max_iters=10 ** 6), TEXT, log=quiet)
-    assert steps == [] and time.monotonic() - started < 5
+    # Before the first step, not at the first save after a million: no clock, which a busy machine would slow.
+    assert steps == []
 
 
 @pytest.mark.skipif(os.name == "nt" or os.geteuid() == 0, reason="a read-only folder is writable to root")
