@@ -310,3 +310,21 @@ def test_a_gpt2_folder_whose_weights_are_a_broken_link_says_so(tmp_path, capsys,
     with pytest.raises(ValueError) as error:
         gpt2.load(str(folder), "cpu")
     assert "model.safetensors" in str(error.value) and "pytorch_model.bin" not in str(error.value), error.value
+
+
+def test_gpt2s_tokenizer_files_that_are_there_but_damaged_are_named_as_damaged(tmp_path, monkeypatch):
+    (tmp_path / "vocab.json").write_text('{"a": 0, ', encoding="utf-8")  # cut short
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+
+    class GPT2TokenizerFast:
+        @staticmethod
+        def from_pretrained(source, **kwargs):
+            raise ValueError("Expecting property name enclosed in double quotes: line 1 column 10")
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
+    monkeypatch.setitem(sys.modules, "transformers", types.SimpleNamespace(GPT2TokenizerFast=GPT2TokenizerFast))
+    with pytest.raises(ValueError) as error:
+        gpt2.tokenizer(str(tmp_path))
+    assert f"GPT-2's tokenizer files in {tmp_path} (vocab.json, merges.txt) could not be read (ValueError: " \
+           f"Expecting property name" in str(error.value) and "they are damaged" in str(error.value)
+    assert "not in" not in str(error.value)
