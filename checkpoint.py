@@ -89,10 +89,11 @@ def usable(tokenizer):
 
 
 def needs_tokenizer(tokenizer, path, advice):
-    """Refuses, in one line that ends with advice, a checkpoint whose tokenizer is not usable here."""
+    """Refuses a checkpoint whose tokenizer is not usable here, in one line that ends with advice
+    (which begins with its own punctuation)."""
     if not usable(tokenizer):
         name = getattr(tokenizer, "name", None)
-        raise ValueError(f"{path} was trained on token ids of a tokenizer it only names ({name}): "
+        raise ValueError(f"{path} was trained on token ids of a tokenizer it only names ({name})"
                          f"{advice}")
 
 

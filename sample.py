@@ -112,7 +112,7 @@ def write_report(model, tokenizer, ckpt, path, args, device):
                          "text, or its .bin of token ids, with --data")
     tc = checkpoint.recorded_config(ckpt, path, model.config, device, advice)
     if not data.is_ids(data.DataFile(args.data)):
-        checkpoint.needs_tokenizer(tokenizer, path, "give --data its .bin of token ids")
+        checkpoint.needs_tokenizer(tokenizer, path, ": give --data its .bin of token ids")
     ids, tokenizer = data.read_data(data.DataFile(args.data, args.dtype), tokenizer,
                                     advice="give --data the text it was trained on")
     data.check_fits(ids, tc.vocab_size, tc.block_size)
@@ -152,7 +152,7 @@ def main(argv=None):
             model, tokenizer, ckpt = checkpoint.load(path, device)
         if args.report:
             return write_report(model, tokenizer, ckpt, path, args, device)
-        checkpoint.needs_tokenizer(tokenizer, path, "it cannot be decoded here: sample it from "
+        checkpoint.needs_tokenizer(tokenizer, path, ", so it cannot be decoded here: sample it from "
                                    "Python with your tokenizer (the README shows how)")
         start = default_prompt(tokenizer) if args.start is None else args.start
         if start.startswith("FILE:"):

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-import cli
 import data
 import gpt
 import sample
@@ -17,7 +16,7 @@ from conftest import TEXT, tiny_flags, one_line_error
 def test_a_text_is_encoded_a_chunk_at_a_time_with_the_ids_of_its_characters(tmp_path, monkeypatch):
     text = TEXT[:5000] + "\u00e9\u4e00\U0001f600" * 7  # characters of two, three and four UTF-8 bytes
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
-    monkeypatch.setattr(cli, "CHUNK", 1001)  # chunks that cut characters' bytes in two
+    monkeypatch.setattr(data, "CHUNK", 1001)  # chunks that cut characters' bytes in two
     ids, chars = data.encode_file(str(tmp_path / "t.txt"))
     tokenizer = gpt.CharTokenizer(text)
     assert chars == tokenizer.chars and ids.dtype == np.uint8 and ids.tolist() == tokenizer.encode(text)
@@ -42,7 +41,7 @@ def test_a_text_that_changes_while_it_is_read_is_refused(tmp_path, monkeypatch, 
             os.utime(path, ns=(time.time_ns() + 10 ** 9,) * 2)
         return real(name)
 
-    monkeypatch.setattr(cli, "text_chunks", changes_after_the_first_reading)
+    monkeypatch.setattr(data, "text_chunks", changes_after_the_first_reading)
     with pytest.raises(ValueError, match=r"changed while it was read: pass --data a text that stays as it is"):
         data.encode_file(str(path))
 
@@ -122,6 +121,6 @@ def test_a_dtype_given_with_a_text_is_refused_never_dropped(tmp_path, capsys):
 @pytest.mark.parametrize("read", [lambda path: data.encode_file(path), lambda path: data.read_text(path)])
 def test_binary_data_is_never_taken_for_a_text(tmp_path, read):
     path = tmp_path / "ids.dat"
-    np.arange(1000, dtype=np.uint16).tofile(path)  # valid UTF-8, NULs included
+    np.arange(1, 100, dtype=np.uint16).repeat(10).tofile(path)  # ids below 128: valid UTF-8, a NUL in each
     with pytest.raises(ValueError, match="holds NUL bytes, so it is binary data, not a text"):
         read(str(path))

@@ -121,7 +121,7 @@ def set_up(tc, data_file, given, resume, init_from, rank, log):
     check_schedule(tc)
     # The run keeps its checkpoint's tokenizer, whatever its data: a text needs one that is here.
     if resume and not data.is_ids(data_file):
-        checkpoint.needs_tokenizer(tokenizer, path, "resume it on the same ids, --data FILE.bin")
+        checkpoint.needs_tokenizer(tokenizer, path, ": resume it on the same ids, --data FILE.bin")
     ids, tokenizer = data.read_data(data_file, tokenizer)
     # The vocabulary: the model's; a text's tokenizer's, which makes a --vocab_size given ignored, as
     # the model options are on --resume; else --vocab_size, or the largest id + 1.
