@@ -351,9 +351,9 @@ def check_out_dir(out_dir):
     try:
         os.makedirs(out_dir, exist_ok=True)
         for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):
-            if os.path.lexists(name) and not os.path.isfile(name):
-                raise ValueError(f"cannot write {path}: {name} is there, and not a file: remove it, "
-                                 f"or pass another --out_dir")
+            if os.path.isdir(name):
+                raise ValueError(f"cannot write {path}: {name} is a folder: remove it, or pass another "
+                                 f"--out_dir")
         with open(path + ".probe", "wb"):
             pass
         os.remove(path + ".probe")

@@ -414,7 +414,7 @@ def test_a_model_too_large_for_any_memory_is_one_line(tmp_path, capsys):
 def test_a_folder_where_the_run_writes_a_file_is_refused_before_training(tmp_path, capsys, name):
     (tmp_path / "out" / name).mkdir(parents=True)
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
-    assert f"{tmp_path / 'out' / name} is there, and not a file: remove it, or pass another --out_dir" in message
+    assert f"{tmp_path / 'out' / name} is a folder: remove it, or pass another --out_dir" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 
 
