@@ -352,8 +352,8 @@ def check_out_dir(out_dir):
         os.makedirs(out_dir, exist_ok=True)
         for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):
             if os.path.isdir(name):
-                raise ValueError(f"cannot write {path}: {name} is a folder: remove it, or pass another "
-                                 f"--out_dir")
+                raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
+                                 f"--out_dir a writable folder")
         with open(path + ".probe", "wb"):
             pass
         os.remove(path + ".probe")

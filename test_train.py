@@ -29,8 +29,10 @@ def test_a_new_run_saves_its_start_before_its_first_step(tmp_path, monkeypatch):
     real = gpt.train_step
     monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1) or real(*args))
 
+    real_save = gpt.Trainer.save
+
     def save_then_stop(self):
-        gpt.Trainer.save(self)
+        real_save(self)
         raise KeyboardInterrupt
     monkeypatch.setattr(gpt.Trainer, "save", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
@@ -414,7 +416,7 @@ def test_a_model_too_large_for_any_memory_is_one_line(tmp_path, capsys):
 def test_a_folder_where_the_run_writes_a_file_is_refused_before_training(tmp_path, capsys, name):
     (tmp_path / "out" / name).mkdir(parents=True)
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
-    assert f"{tmp_path / 'out' / name} is a folder: remove it, or pass another --out_dir" in message
+    assert f"({tmp_path / 'out' / name} is a folder): remove it, or pass --out_dir a writable folder" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 
 

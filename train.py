@@ -283,6 +283,8 @@ def drive(trainer, log, log_interval, compile, rank, world):
             if start == 0:
                 trainer.save()
             elif checkpoint.evaluation_pending(trainer):
+                # The learning rate of the step before, which the evaluation records.
+                trainer.lr = gpt.lr_at(tc, trainer.it - 1, trainer.elapsed)
                 trainer.evaluate()
                 trainer.save()
             for _ in trainer.steps():
