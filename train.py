@@ -152,8 +152,7 @@ def set_up(tc, data_file, given, resume, init_from, rank, log):
 
 # ---------------------------------------------------------------------------------------------- signals
 class Stopped(Exception):
-    """A stopping signal that cannot wait for the step under way to end: one during an evaluation or
-    the closing report, or a second one."""
+    """A stop that cannot wait for the step to end: one during an evaluation or the report, or a second."""
 
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
@@ -311,8 +310,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
             log(f"{e}: the evaluation was cut short; saved iteration {trainer.it} to {path}; continue "
                 f"with --resume, which runs it first")
             return trainer, e.signum
-        # A save that failed (a full disk above all): the OS's message names neither the checkpoint
-        # nor what is left.
+        # A failed save (a full disk above all): the OS's message names neither file nor what is left.
         except OSError as e:
             raise OSError(e.errno, f"cannot write {path} ({e.strerror}); any file there is as it "
                                    f"was") from None
