@@ -287,7 +287,7 @@ def decode_step(device, context=150):
     @torch.inference_mode()
     def step():
         if cache.pos in (0, model.config.block_size):
-            cache.reset()
+            cache.pos = 0
             model(prompt, cache=cache)
         model(token, cache=cache)
 

@@ -73,8 +73,8 @@ LIMITS = {**dict.fromkeys(["block_size", "n_layer", "n_head", "n_embd", "max_ite
                           (0, math.inf)),
           "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32),
           "vocab_size": (1, data.MAX_VOCAB + 1), "muon_lr": (1e-9, 1), "muon_momentum": (0, 1)}
-# The values of each option that names one: the model's switches, and the optimizer.
-CHOICES = {**gpt.CHOICES, "optimizer": ("adamw", "muon")}
+# The values of each option that names one: the model's switches and the optimizer, gpt.py's.
+CHOICES = gpt.CHOICES
 # Each option's help, which --help shows with its default.
 HELP = {
     "vocab_size": "Tokens in the vocabulary.",

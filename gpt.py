@@ -27,8 +27,9 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
 
-# The architecture's switches: Llama's choice first (the default), GPT-2's second.
-CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu")}
+# The switches: the default first, GPT-2's (and nanoGPT's) second.
+CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu"),
+           "optimizer": ("muon", "adamw")}
 # Least values but a count's 1 and another number's 0: the schedule divides by learning_rate.
 LOWEST = {"warmup_iters": 0, "seed": 0, "learning_rate": 1e-9, "muon_lr": 1e-9}
 
@@ -99,8 +100,8 @@ def rope_forward(x, cos, sin):
 
 
 class KVCache:
-    """Each layer's keys and values so far, for sampling: allocated once, to block_size, and written
-    in place (torch.cat would copy it all for every token). pos counts the positions filled."""
+    """Each layer's keys and values so far, for sampling: allocated once, to block_size, written in
+    place (torch.cat would copy it all every token). pos: the positions filled; 0 starts again."""
 
     def __init__(self, config):
         self.config = config
@@ -120,10 +121,6 @@ class KVCache:
             self.pos = end
         return self.kv[layer_idx, :, :, :, :end].unbind(0)  # (B, nh, end, hs) each
 
-    def reset(self):
-        """Forgets every position; the memory stays, for the next prompt."""
-        self.pos = 0
-
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
@@ -139,9 +136,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
+        maps = (self.c_q, self.c_k, self.c_v)
+        # The three maps in one product, their weights stacked: one large matrix product is faster
+        # than three small ones, and each weight gets its gradient as before.
+        bias = None if self.c_q.bias is None else torch.cat([m.bias for m in maps])
+        qkv = F.linear(x, torch.cat([m.weight for m in maps]), bias)  # (B, T, 3 * C)
         # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
-        q, k, v = [m(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-                   for m in (self.c_q, self.c_k, self.c_v)]
+        q, k, v = [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+                   for t in qkv.split(C, dim=-1)]
         # rope: the (cos, sin) tables of these positions. q and k turn; v does not.
         if rope is not None:
             q, k = rope_forward(q, *rope), rope_forward(k, *rope)
@@ -195,12 +197,10 @@ class GPT(nn.Module):
         self.config = config
         # GPT-2's names: wte, the token embedding; wpe, the position embedding; h, the blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        if config.pos == "learned":
-            self.wpe = nn.Embedding(config.block_size, config.n_embd)
-        else:
-            # Not saved in checkpoints: the tables are recomputed from the config.
-            for name, table in zip(("cos", "sin"), rope_tables(config)):
-                self.register_buffer(name, table, persistent=False)
+        self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
+        # The rotary tables (unused with learned positions), not saved: the config makes them again.
+        for name, table in zip(("cos", "sin"), rope_tables(config)):
+            self.register_buffer(name, table, persistent=False)
         self.h = nn.ModuleList(Block(config, layer_idx) for layer_idx in range(config.n_layer))
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -225,11 +225,11 @@ class GPT(nn.Module):
             raise ValueError(f"{T} tokens after {start} cached ones: at most block_size "
                              f"({self.config.block_size}) in all, and one at a time after a cache")
         x = self.wte(idx)  # (B, T, C)
-        rope = None
-        if self.config.pos == "learned":
+        # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
+        learned = self.config.pos == "learned"
+        rope = None if learned else (self.cos[start:start + T], self.sin[start:start + T])
+        if learned:
             x = x + self.wpe.weight[start:start + T]
-        else:
-            rope = (self.cos[start:start + T], self.sin[start:start + T])  # (T, hs) each
         for block in self.h:
             x = block(x, rope, cache)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
@@ -252,15 +252,13 @@ class GPT(nn.Module):
                 and (top_k is None or top_k >= 1) and (top_p is None or 0 < top_p <= 1)):
             raise ValueError(f"sampling takes max_new_tokens >= 0, temperature >= 0, top_k >= 1, "
                              f"top_p in (0, 1]: {max_new_tokens}, {temperature}, {top_k}, {top_p}")
-        block_size = self.config.block_size
         cache = KVCache(self.config)
         # The tokens the model conditions on: the last block_size of the prompt and the samples.
-        context = idx[:, -block_size:]
+        context = idx[:, -self.config.block_size:]
         for _ in range(max_new_tokens):
-            # An empty cache reads the whole context; a filled one, the newest token alone.
-            logits, _ = self(context[:, -1:] if cache.pos else context, cache=cache)
-            # The last position predicts the next token; in float32, as bfloat16 ties close logits.
-            logits = logits[:, -1, :].float()  # (B, vocab_size)
+            # An empty cache reads the whole context; a filled one, the newest token alone. The last
+            # position predicts the next token; in float32, as bfloat16 ties close logits.
+            logits = self(context[:, -1:] if cache.pos else context, cache=cache)[0][:, -1].float()
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
@@ -270,10 +268,11 @@ class GPT(nn.Module):
                 probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
                 next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
             yield next_id
-            context = torch.cat([context, next_id], dim=1)[:, -block_size:]
-            if cache.pos == block_size:
-                # Past block_size the context slides and cached keys sit at stale positions: refill.
-                cache.reset()
+            context = torch.cat([context, next_id], dim=1)[:, -self.config.block_size:]
+            if cache.pos == self.config.block_size:
+                # Past block_size the context slides and cached keys sit at stale positions: the
+                # cache starts again, in the memory it has.
+                cache.pos = 0
 
 
 def filter_logits(logits, top_k=None, top_p=None):
@@ -310,9 +309,8 @@ def save_checkpoint(ckpt, path):
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
+            # torch.save flushes Python's buffer to the system; fsync, the system's to the disk.
             torch.save(ckpt, f)
-            # From Python's buffer to the system's, and from the system's to the disk.
-            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     # A failed write or rename leaves no temporary file behind.
@@ -380,8 +378,6 @@ class TrainConfig(GPTConfig):
 
 def configure_optimizers(model, tc, device_type="cpu"):
     """[AdamW], or with tc.optimizer "muon" [AdamW, Muon]: Muon for the blocks' matrices."""
-    if tc.optimizer not in ("adamw", "muon"):
-        raise ValueError(f"optimizer must be adamw or muon, not {tc.optimizer!r}")
     # Muon moves all of a matrix's directions alike; wte and lm_head, a row per token, keep AdamW.
     blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
     muon = blocks if tc.optimizer == "muon" else []
@@ -412,10 +408,9 @@ def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
     """One step of each optimizer on the mean loss of micro-batches [(x, y), ...]; returns it."""
     mean_loss = 0.0
     for x, y in batches:
-        with amp:
-            _, loss = model(x, y)
         # The micro-batches' gradients add up to those of their mean loss.
-        loss = loss / len(batches)
+        with amp:
+            loss = model(x, y)[1] / len(batches)
         loss.backward()
         mean_loss += loss.detach()
     if grad_clip:
@@ -426,32 +421,26 @@ def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
     return mean_loss
 
 
-def as_tensor(ids):
-    """Token ids as a tensor: a tensor as it is; a list, an array or a memmap's rows copied."""
-    return ids if torch.is_tensor(ids) else torch.tensor(ids)
-
-
 class Trainer:
     """A run: the model, its optimizers, the data, where the run stands. data is a text (encoded by
     tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
-        # The options again, for a tc changed since; an out_dir that takes no checkpoint fails now.
+        # The options again, for a tc changed since.
         tc.__post_init__()
         if tc.out_dir:
-            try:
-                os.makedirs(tc.out_dir, exist_ok=True)
-                # A file with no name (on Linux), so none of the user's: the folder takes writes.
-                tempfile.TemporaryFile(dir=tc.out_dir).close()
-            except OSError as e:
-                raise ValueError(f"cannot write a checkpoint in out_dir {tc.out_dir!r} "
-                                 f"({e.strerror}): use a writable folder, or '' for none") from None
+            # An out_dir that takes no checkpoint is an OSError now, not at the first save: the
+            # folder is made, and takes a file with no name (on Linux), so none of the user's.
+            os.makedirs(tc.out_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=tc.out_dir).close()
         self.tc = tc
         self.log = log
         self.device = get_device(tc.device)
         if isinstance(data, str):
             tokenizer = tokenizer or CharTokenizer(data)
-            data = torch.tensor(tokenizer.encode(data))
+            data = tokenizer.encode(data)
+        # A list becomes a tensor; a tensor, an array or a memmap stays as it is.
+        data = torch.tensor(data) if isinstance(data, list) else data
         self.tokenizer = tokenizer
         n = int(0.9 * len(data))
         self.splits = {"train": data[:n], "val": data[n:]}
@@ -476,10 +465,9 @@ class Trainer:
         """A random batch of the split, (x, y), each (batch_size, block_size)."""
         data = self.splits[split]
         T = self.tc.block_size
-        ix = torch.randint(len(data) - T, (self.tc.batch_size,), generator=self.generator)
-        # A row at a time: a memmap is never read whole.
-        rows = [as_tensor(data[i:i + T + 1]) for i in ix.tolist()]
-        xy = torch.stack(rows).long().to(self.device)  # (B, T + 1)
+        ix = torch.randint(len(data) - T, (self.tc.batch_size, 1), generator=self.generator)
+        # Each row's positions, (B, 1) + (T + 1) -> (B, T + 1): a memmap reads these alone.
+        xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(self.device)
         # The target at each position is the token after it.
         return xy[:, :-1], xy[:, 1:]  # (B, T) each
 

@@ -50,7 +50,7 @@ def test_code_lines_counts_code_alone():
 
 # The design card asks for at most 320 lines of code in gpt.py and 480 in all (wc -l). Holding the card's list alone,
 # Muon included, with every rule of plain lines, it has 373 and 550: these numbers may only go down.
-GPT_PY_CODE_LINES = 373
+GPT_PY_CODE_LINES = 360
 GPT_PY_LINES = 550
 
 
@@ -310,8 +310,7 @@ def test_kv_cache_logits_equal_full_forward(name):
     steps += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
     assert cache.pos == 12
-    cache.reset()
-    assert cache.pos == 0
+    cache.pos = 0  # the cache starts again, in the memory it has
     torch.testing.assert_close(model(idx[:, :5], cache=cache)[0], full[:, :5], rtol=1e-5, atol=1e-5)
 
 
@@ -424,11 +423,10 @@ def test_an_out_dir_that_names_a_file_fails_before_the_first_step(tmp_path, monk
     steps = []
     monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1))
     tc = tiny_train_config(tmp_path, out_dir=str(tmp_path / "a_file"))
-    with pytest.raises(ValueError, match=r"^cannot write a checkpoint in out_dir '.*a_file' \(File exists\): use a "
-                                         r"writable folder, or '' for none$"):
+    with pytest.raises(FileExistsError, match=r"File exists: '.*a_file'$"):
         gpt.train(tc, TEXT, log=quiet)
     nested = tiny_train_config(tmp_path, out_dir=str(tmp_path / "a_file" / "run"))
-    with pytest.raises(ValueError, match=r"cannot write a checkpoint in out_dir .* \(Not a directory\)"):
+    with pytest.raises(NotADirectoryError, match=r"Not a directory: '.*a_file.run'$"):
         gpt.Trainer(nested, TEXT, log=quiet)
     assert steps == []
 
@@ -437,7 +435,7 @@ def test_an_out_dir_that_names_a_file_fails_before_the_first_step(tmp_path, monk
 def test_an_out_dir_that_cannot_be_written_fails_in_gpt_train_at_once(tmp_path, monkeypatch):
     steps = []
     monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1))
-    with pytest.raises(ValueError, match=r"cannot write a checkpoint in out_dir '/sys/nope' \(.+\): use a"):
+    with pytest.raises(OSError, match=r": '/sys/nope'$"):
         gpt.train(tiny_train_config(tmp_path, out_dir="/sys/nope", max_iters=10 ** 6), TEXT, log=quiet)
     # Before the first step, not at the first save after a million: no clock, which a busy machine would slow.
     assert steps == []
@@ -571,13 +569,27 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path, monkey
     path = tmp_path / "train.bin"
     np.array([i % 300 for i in range(20_000)], dtype=np.uint16).tofile(path)
     ids = np.memmap(path, dtype=np.uint16, mode="r")
+
+    class Counted:
+        """The memmap, counting the ids each read takes from it; a slice is a view, which reads none."""
+        def __init__(self, ids):
+            self.ids = ids
+
+        def __len__(self):
+            return len(self.ids)
+
+        def __getitem__(self, index):
+            if isinstance(index, slice):
+                return Counted(self.ids[index])
+            read.append(np.asarray(index).size)
+            return self.ids[index]
+
     read = []
-    real = gpt.as_tensor
-    monkeypatch.setattr(gpt, "as_tensor", lambda rows: read.append(len(rows)) or real(rows))
     tc = tiny_train_config(tmp_path, vocab_size=300, max_iters=4, eval_interval=4)
-    model, history = gpt.train(tc, ids, log=quiet)
+    model, history = gpt.train(tc, Counted(ids), log=quiet)
     assert model.config.vocab_size == 300 and history[-1]["val"] < math.log(300) + 0.5
-    assert max(read) == tc.block_size + 1  # a row at a time: the memmap was never converted whole
+    # A batch at a time: the memmap was never converted whole.
+    assert set(read) == {tc.batch_size * (tc.block_size + 1)}
 
 
 def test_a_list_of_ids_as_encode_returns_them_trains(tmp_path):
@@ -624,7 +636,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest_on_one_schedule(tmp_p
     for _ in zip(range(3), trainer.steps()):
         assert all(g["lr"] == trainer.lr for g in adamw.param_groups)
         assert matrices.param_groups[0]["lr"] == pytest.approx(trainer.lr * 0.02 / 4e-3)
-    with pytest.raises(ValueError, match="optimizer must be adamw or muon, not 'Muon'"):
+    with pytest.raises(ValueError, match="optimizer must be one of muon, adamw, not 'Muon'$"):
         gpt.Trainer(replace(tc, optimizer="Muon"), TEXT, log=quiet)
 
 
