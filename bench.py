@@ -563,7 +563,7 @@ def train_option(text):
     return name, cli.parse_option(name, value)
 
 
-def main():
+def measure(argv=None):
     parser = cli.Parser(description="Benchmark gpt.py on this machine.")
     parser.add_argument("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
     parser.add_argument("--profile", action="store_true", help="instead: profile training and decode steps")
@@ -588,7 +588,7 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only "
                                                         "(default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (args.only or args.set) and not args.optimizers:
         parser.error("--only and --set go with --optimizers")
     if args.variant and not args.variants:
@@ -702,9 +702,9 @@ def main():
             json.dump(figures, f, indent=1)
 
 
-if __name__ == "__main__":
+def main(argv=None):
     try:
-        main()
+        measure(argv)
     # A bad --data, --device, --nanogpt or --json; out of memory; a full disk under --json.
     # Before OSError, of which it is one: a reader gone away (python bench.py | head -1).
     except BrokenPipeError:
@@ -713,3 +713,7 @@ if __name__ == "__main__":
         cli.fail(cli.one_line(e, "run it on a machine with more memory"))
     except KeyboardInterrupt:  # Ctrl-C: what was measured is printed already
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

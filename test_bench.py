@@ -13,7 +13,7 @@ import torch
 import bench
 import gpt
 import muon
-from conftest import HERE, HANG, TEXT, run_cli, interrupted
+from conftest import HERE, HANG, TEXT, interrupted, one_line_error
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -23,32 +23,34 @@ from conftest import HERE, HANG, TEXT, run_cli, interrupted
     (["--device", "meta"], "device 'meta' is unknown or not on this machine"),  # tensors without values
     (["--device", "cuda:99"], "device 'cuda:99' is unknown or not on this machine"),
 ])
-def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, flags, match):
+def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, capsys, flags, match):
     os.makedirs(tmp_path / "FOLDER")
     os.makedirs(tmp_path / "EXITS")
     (tmp_path / "EXITS" / "model.py").write_text("import sys\nsys.exit(0)\n")
-    done = run_cli("bench.py", *[str(tmp_path / f) if f.isupper() else f for f in flags])
-    assert done.returncode == 1 and done.stderr.count("\n") == 1 and match in done.stderr, done.stderr
-    assert "val loss" not in done.stdout
+    message = one_line_error(capsys, bench, *[str(tmp_path / f) if f.isupper() else f for f in flags])
+    assert message.startswith("error: ") and match in message, message  # sys.exit("error: ..."): status 1
+    said = capsys.readouterr()
+    assert said.err == "" and "val loss" not in said.out
 
 
-def test_bench_with_another_projects_model_py_is_one_line(tmp_path):
+def test_bench_with_another_projects_model_py_is_one_line(tmp_path, capsys):
     (tmp_path / "model.py").write_text("class GPTConfig:\n    pass\n\nclass GPT:\n    def __init__(self, config):\n"
                                        "        raise TypeError('this GPT takes no config')\n")
-    done = run_cli("bench.py", "--nanogpt", str(tmp_path))
-    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith(f"error: the GPT of {tmp_path}/model.py does not run as nanoGPT's does (TypeError: ")
+    message = one_line_error(capsys, bench, "--nanogpt", str(tmp_path))
+    assert message.startswith(f"error: the GPT of {tmp_path}/model.py does not run as nanoGPT's does (TypeError: ")
+    assert capsys.readouterr().err == ""
     os.remove(tmp_path / "model.py")
     os.mkfifo(tmp_path / "model.py")
-    done = run_cli("bench.py", "--nanogpt", str(tmp_path))
-    assert done.returncode == 1 and "(it is not a regular file)" in done.stderr, done.stderr
+    message = one_line_error(capsys, bench, "--nanogpt", str(tmp_path))
+    assert message.startswith("error: ") and "(it is not a regular file)" in message, message
 
 
-def test_bench_gpt2_without_transformers_is_one_line(tmp_path):
-    (tmp_path / "transformers.py").write_text("raise ImportError('no transformers here')\n")
-    done = run_cli("bench.py", "--gpt2", env={"PYTHONPATH": str(tmp_path)})
-    assert done.returncode == 1 and done.stderr == "error: --gpt2 times transformers' generate, and transformers " \
-                                                   "is not installed: pip install transformers\n", done.stderr
+def test_bench_gpt2_without_transformers_is_one_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    message = one_line_error(capsys, bench, "--gpt2")
+    assert message == "error: --gpt2 times transformers' generate, and transformers is not installed: " \
+                      "pip install transformers", message
+    assert capsys.readouterr().err == ""
 
 
 def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path):
@@ -138,13 +140,15 @@ def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path, monkeypatch)
     (["--data", "TEXT", "--set", "block_size=5000"], "--block_size 5000 is too long for the 3000 tokens"),
     (["--data", "SHORT"], "--block_size 128 is too long for the 30 tokens"),
 ])
-def test_bench_optimizers_holds_its_data_to_train_pys_checks(tmp_path, flags, match):
+def test_bench_optimizers_holds_its_data_to_train_pys_checks(tmp_path, capsys, flags, match):
     (tmp_path / "short.txt").write_text(TEXT[:300], encoding="utf-8")
     (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
     paths = {"SHORT": str(tmp_path / "short.txt"), "TEXT": str(tmp_path / "text.txt")}
     flags = [paths.get(flag, flag) for flag in flags]
-    proc = run_cli("bench.py", "--optimizers", "1", *flags)
-    assert proc.returncode == 1 and match in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    message = one_line_error(capsys, bench, "--optimizers", "1", *flags)
+    assert message.startswith("error: ") and match in message, message
+    said = capsys.readouterr()
+    assert said.err == "" and "val loss" not in said.out
 
 
 def test_bench_into_a_reader_gone_away_ends_quietly(tmp_path):

@@ -507,7 +507,7 @@ def test_the_workbook_as_it_comes_passes_its_own_shape_check():
     (None, "there is no such file"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),
     (bytes(range(256)) * 40, "it is not UTF-8 text"),
     (b"", "has 0 characters"), (b"a", "has 1 characters"), (b"hello world", "has 11 characters"),
-])
+], ids=["missing", "folder", "device", "binary", "empty", "one character", "eleven characters"])
 def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, content, match):
     path = tmp_path / "text"
     if content == "/dev/zero":
@@ -534,7 +534,7 @@ def test_ctrl_c_ends_the_twin_demo_early_and_it_still_shows_what_it_learned(tmp_
 
 def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
     (tmp_path / "text").write_text(TEXT[:3000].replace("\n", " "), encoding="utf-8")
-    done = run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "3")
+    done = run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "1")  # its last step ends past 1 s: a line
     assert done.returncode == 0, done.stderr
     assert run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "1e-9").returncode == 0  # one step at least
     out = done.stdout
