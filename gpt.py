@@ -195,7 +195,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        # GPT-2's names: wte, the token embedding; wpe, the position embedding; h, the blocks.
+        # GPT-2's names: wte, the token embedding; wpe, the positions' (none with rope); h, blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
         # The rotary tables (unused with learned positions), not saved: the config makes them again.
