@@ -440,7 +440,7 @@ class Trainer:
             tokenizer = tokenizer or CharTokenizer(data)
             data = tokenizer.encode(data)
         # A list becomes a tensor; a tensor, an array or a memmap stays as it is.
-        data = torch.tensor(data) if isinstance(data, list) else data
+        data = torch.tensor(data) if isinstance(data, (list, tuple)) else data
         self.tokenizer = tokenizer
         n = int(0.9 * len(data))
         self.splits = {"train": data[:n], "val": data[n:]}
