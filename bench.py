@@ -17,6 +17,7 @@ is the median of its rounds. Machines differ 2-3x in speed: set a figure only be
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import io
 import json
@@ -36,6 +37,7 @@ import gpt
 import gpt2
 import gpt_numpy
 import muon
+import report
 import train
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu")
@@ -434,12 +436,27 @@ def relu_squared(config):
 
 
 def qk_norm(config):
-    """RMSNorm of each head's query and key, before the rotary turn."""
+    """RMSNorm of each head's query and key, before the rotary turn. gpt.py's attention stacks the weights of its
+    three maps into one product, which leaves no place for the norms: here each map runs alone, as report.py reads
+    them (training only: no cache)."""
     model = gpt.GPT(config)
     for block in model.h:
-        block.attn.c_q = HeadNorm(block.attn.c_q, config.n_head)
-        block.attn.c_k = HeadNorm(block.attn.c_k, config.n_head)
+        attn = block.attn
+        attn.c_q = HeadNorm(attn.c_q, config.n_head)
+        attn.c_k = HeadNorm(attn.c_k, config.n_head)
+        attn.forward = functools.partial(normed_attention, attn)
     return model
+
+
+def normed_attention(attn, x, rope=None, cache=None):
+    """The attention of gpt.CausalSelfAttention, its queries and keys from report.queries_keys_values."""
+    if cache is not None:
+        raise ValueError("the qk-norm variant is trained, not sampled: it keeps no cache")
+    q, k, v = report.queries_keys_values(attn, x, rope)
+    dropout = attn.dropout if attn.training else 0.0
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    y = y.transpose(1, 2).flatten(2)  # (B, T, C)
+    return torch.nn.functional.dropout(attn.c_proj(y), attn.dropout, attn.training)
 
 
 def zero_c_proj(config):

@@ -137,8 +137,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.shape
         maps = (self.c_q, self.c_k, self.c_v)
-        # The three maps in one product, their weights stacked: one large matrix product is faster
-        # than three small ones, and each weight gets its gradient as before.
+        # The three maps in one product of their weights stacked: a copy of the weights and one
+        # large product cost less than three small products, and each weight gets its own gradient.
         bias = None if self.c_q.bias is None else torch.cat([m.bias for m in maps])
         qkv = F.linear(x, torch.cat([m.weight for m in maps]), bias)  # (B, T, 3 * C)
         # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
@@ -195,7 +195,8 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        # GPT-2's names: wte, the token embedding; wpe, the positions' (none with rope); h, blocks.
+        # GPT-2's names: wte, the token embedding; wpe, the learned positions (None with rope); h,
+        # the blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
         # The rotary tables (unused with learned positions), not saved: the config makes them again.
@@ -426,11 +427,11 @@ class Trainer:
     tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
-        # The options again, for a tc changed since.
+        # The options are checked again: tc may have been changed since it was made.
         tc.__post_init__()
         if tc.out_dir:
-            # An out_dir that takes no checkpoint is an OSError now, not at the first save: the
-            # folder is made, and takes a file with no name (on Linux), so none of the user's.
+            # An out_dir that cannot take a checkpoint fails here, an OSError naming it, not at the
+            # first save: the folder is made and takes a file with no name (on Linux), no one's.
             os.makedirs(tc.out_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=tc.out_dir).close()
         self.tc = tc
@@ -439,8 +440,8 @@ class Trainer:
         if isinstance(data, str):
             tokenizer = tokenizer or CharTokenizer(data)
             data = tokenizer.encode(data)
-        # A list becomes a tensor; a tensor, an array or a memmap stays as it is.
-        data = torch.tensor(data) if isinstance(data, (list, tuple)) else data
+        # A tensor, an array or a memmap stays as it is, read a batch at a time; a list becomes one.
+        data = data if hasattr(data, "__array__") else torch.tensor(data)
         self.tokenizer = tokenizer
         n = int(0.9 * len(data))
         self.splits = {"train": data[:n], "val": data[n:]}

@@ -13,6 +13,7 @@ import torch
 import bench
 import gpt
 import muon
+import report
 from conftest import HERE, HANG, TEXT, interrupted, one_line_error
 
 
@@ -159,3 +160,29 @@ def test_bench_into_a_reader_gone_away_ends_quietly(tmp_path):
     proc.stdout.close()  # gone before bench prints its first line
     err = proc.stderr.read()
     assert proc.wait(timeout=HANG) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("name", list(bench.VARIANTS))
+def test_every_variant_of_the_default_block_trains(name):
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = bench.VARIANTS[name](config)
+    idx = torch.randint(0, 13, (2, 16))
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+
+
+def test_the_qk_norm_variant_norms_each_heads_query_and_key_and_is_otherwise_gpt_pys_attention():
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    attn = bench.qk_norm(config).h[0].attn
+    x = 10 * torch.randn(2, 16, 16)  # large beside RMSNorm's eps
+    rope = gpt.rope_tables(config)
+    q, k, v = report.queries_keys_values(attn, x, rope)
+    for t in (q, k):  # a turn keeps each head's norm: a mean square of 1 after the RMSNorm
+        torch.testing.assert_close(t.pow(2).mean(-1), torch.ones(2, 2, 16), rtol=0, atol=1e-3)
+    assert not torch.allclose(v.pow(2).mean(-1), torch.ones(2, 2, 16), atol=0.1)  # v is not normed
+    # Without the norms, the variant's attention is gpt.py's, which takes the three maps in one product.
+    attn.c_q, attn.c_k = attn.c_q.linear, attn.c_k.linear
+    torch.testing.assert_close(attn(x, rope), gpt.CausalSelfAttention.forward(attn, x, rope), rtol=1e-5, atol=1e-6)

@@ -49,7 +49,7 @@ def test_code_lines_counts_code_alone():
 
 
 # The design card asks for at most 320 lines of code in gpt.py and 480 in all (wc -l). Holding the card's list alone,
-# Muon included, with every rule of plain lines, it has 360 and 538, held to the card's 360 and 550.
+# Muon included, with every rule of plain lines, it has 360 and 539, held to the card's 360 and 550.
 GPT_PY_CODE_LINES = 360
 GPT_PY_LINES = 550
 
@@ -574,6 +574,9 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path):
         """The memmap, counting the ids each read takes from it; a slice is a view, which reads none."""
         def __init__(self, ids):
             self.ids = ids
+
+        def __array__(self, *args, **kwargs):
+            raise AssertionError("the memmap was read whole")
 
         def __len__(self):
             return len(self.ids)
