@@ -45,11 +45,17 @@ def from_state_dict(state_dict, n_head=None):
         if not key.endswith((".attn.bias", ".attn.masked_bias")):
             weights[key.removeprefix("transformer.")] = w.t() if conv1d else w
     # c_attn's output is q, k and v side by side: its rows once turned (out, in), and its bias, in
-    # thirds. Each third is a view, so the weights are still held once.
+    # thirds.
     for key in [key for key in weights if ".attn.c_attn." in key]:
         layer, kind = key.split(".c_attn.")
         for name, part in zip(("c_q", "c_k", "c_v"), weights.pop(key).chunk(3)):
             weights[f"{layer}.{name}.{kind}"] = part
+    # Each parameter dense, in its own memory, in float32, as training keeps them: a fused optimizer
+    # steps a tensor as if it were dense (a view such as a third of c_attn turned moves wrong), the
+    # saved moments keep a parameter's strides, and a half-precision file would train in half
+    # precision into a checkpoint that no longer fits its model.
+    weights = {key: w.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+               if w.is_floating_point() else w for key, w in weights.items()}
     if "wte.weight" not in weights or "wpe.weight" not in weights:
         raise ValueError("not GPT-2's weights: wte.weight or wpe.weight is missing")
     vocab_size, n_embd = weights["wte.weight"].shape
@@ -60,10 +66,7 @@ def from_state_dict(state_dict, n_head=None):
     model = gpt.GPT(config)
     # The output layer is the token embedding, tied, which some files hold a second time.
     weights["lm_head.weight"] = weights["wte.weight"]
-    # assign: the tensors become the parameters, uncopied, so the weights are never held twice. A
-    # transposed Conv1D weight keeps the file's (in, out) order in memory under nn.Linear's (out,
-    # in) shape, which the one-row products of sampling read faster on a CPU (bench.py --profile
-    # measures both orders).
+    # assign: the copies above become the parameters, without a copy more.
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     model.lm_head.weight = model.wte.weight
     if unexpected:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import gpt
 import gpt2
 import sample
 import train
@@ -37,16 +38,60 @@ def test_gpt2_from_state_dict_computes_the_logits_transformers_computed():
     assert not torch.allclose(one_head(ids)[0], expected, atol=1e-3)
 
 
-def test_gpt2s_c_attn_is_split_into_views_of_the_weights_given():
-    weights = fixture_weights()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gpt2s_c_attn_is_split_into_dense_float32_parameters_of_their_own_whatever_the_files_precision(
+        tmp_path, dtype):
+    weights = {name: w.to(dtype) for name, w in fixture_weights().items()}
+    shutil.copy(os.path.join(FIXTURE, "config.json"), tmp_path / "config.json")
+    torch.save(weights, tmp_path / "pytorch_model.bin")  # a folder of half precision, as some downloads are
+    assert all(p.dtype == torch.float32 for p in gpt2.load(str(tmp_path), "cpu").parameters())
     model = gpt2.from_state_dict(weights, n_head=2)
     c_attn = weights["transformer.h.1.attn.c_attn.weight"]  # Conv1D: (in, out), q, k, v side by side in columns
     bias = weights["transformer.h.1.attn.c_attn.bias"]
     attn = model.h[1].attn
     for i, linear in enumerate((attn.c_q, attn.c_k, attn.c_v)):
-        assert torch.equal(linear.weight, c_attn[:, i * 64:(i + 1) * 64].t())
-        assert torch.equal(linear.bias, bias[i * 64:(i + 1) * 64])
-        assert linear.weight.untyped_storage().data_ptr() == c_attn.untyped_storage().data_ptr()  # not copied
+        assert torch.equal(linear.weight, c_attn[:, i * 64:(i + 1) * 64].t().float())
+        assert torch.equal(linear.bias, bias[i * 64:(i + 1) * 64].float())
+    # Every parameter dense, float32, in memory of its own (the tied output layer is the embedding itself): a fused
+    # optimizer steps each as if it were dense, and training and its checkpoints keep float32.
+    storages = [p.untyped_storage().data_ptr() for p in model.parameters()]
+    assert len(set(storages)) == len(storages) == len(list(model.named_parameters()))
+    given = {w.untyped_storage().data_ptr() for w in weights.values()}
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float32 and p.is_contiguous() and p.untyped_storage().nbytes() == p.numel() * 4, name
+        assert p.untyped_storage().data_ptr() not in given, name  # a copy: the caller's tensors stay theirs
+
+
+def test_one_fused_adamw_step_on_gpt2s_weights_moves_none_beyond_adams_bound():
+    """Adam's first step moves each weight by at most the learning rate (m / sqrt(v) is +-1); a fused step on a
+    view of c_attn moved c_q, c_k and c_v three times that."""
+    model = gpt2.from_state_dict(fixture_weights(), n_head=2)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    tc = gpt.TrainConfig(**{**train.INIT_FROM_DEFAULTS, "learning_rate": 1e-3, "min_lr": 1e-3})
+    optimizers = gpt.configure_optimizers(model, tc, "cpu")
+    assert optimizers[0].defaults["fused"]
+    ids, _ = fixture_logits()
+    gpt.train_step(model, optimizers, [(ids[:, :-1], ids[:, 1:])])
+    for name, p in model.named_parameters():
+        moved = (p.detach() - before[name]).abs()
+        # Beyond the learning rate by no more than the rounding of the weight itself.
+        rounding = 2 * torch.finfo(torch.float32).eps * torch.maximum(p.detach().abs(), before[name].abs())
+        assert moved.max() > 0 and (moved <= 1e-3 * (1 + 1e-5) + rounding).all(), (name, moved.max().item())
+
+
+def test_a_gpt2_finetune_stopped_and_resumed_equals_the_straight_run(tmp_path, gpt2_tokens):
+    np.array(gpt2_tokens.encode(TEXT[:5000]), dtype=np.uint16).tofile(tmp_path / "train.bin")
+    flags = ["--init_from", FIXTURE, "--data", str(tmp_path / "train.bin"), "--eval_interval", "3", "--eval_iters",
+             "1", "--batch_size", "2", "--block_size", "16", "--device", "cpu", "--learning_rate", "1e-3", "--min_lr",
+             "1e-3"]
+    train.main([*flags, "--out_dir", str(tmp_path / "straight"), "--max_iters", "6"])
+    train.main([*flags, "--out_dir", str(tmp_path / "stopped"), "--max_iters", "3"])
+    train.main(["--resume", "--data", str(tmp_path / "train.bin"), "--out_dir", str(tmp_path / "stopped"),
+                "--max_iters", "6"])
+    straight, resumed = (torch.load(tmp_path / name / "ckpt.pt", weights_only=True) for name in ("straight", "stopped"))
+    assert straight["iter"] == resumed["iter"] == 6
+    for name, w in straight["model"].items():
+        torch.testing.assert_close(resumed["model"][name], w, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("change, match", [
