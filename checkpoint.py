@@ -151,8 +151,9 @@ def split_states(trainer, saved_optimizers):
         state = {}
         for j, (source, i, n) in enumerate(sources):
             kept = saved["state"].get(old.index(source))
+            # A number (AdamW's step) is cloned too: AdamW counts each parameter's steps in place.
             if kept is not None:
-                state[j] = {key: value.chunk(n)[i].clone() if value.dim() else value
+                state[j] = {key: value.chunk(n)[i].clone() if value.dim() else value.clone()
                             for key, value in kept.items()}
         sizes = [len(group["params"]) for group in optimizer.param_groups]
         starts = [sum(sizes[:g]) for g in range(len(sizes))]

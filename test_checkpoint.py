@@ -160,3 +160,66 @@ def test_the_optimizers_states_of_the_old_layout_are_cut_as_its_weights_are(tmp_
     assert torch.equal(muon_state["h.0.attn.c_q.weight"], old[:16])
     assert torch.equal(muon_state["h.0.attn.c_k.weight"], old[16:32])
     assert len(muon_state) == 14  # 7 maps a layer, 2 layers
+
+
+
+def old_layout(ckpt):
+    """A checkpoint of today's layout as gpt.py wrote it before each map had a weight of its own: each stacked
+    weight, and each optimizer's state of it, its maps' stacked by rows, where the first of its maps stood."""
+    config = ckpt["config"]
+
+    def stack(parts):
+        """The maps' tensors {row block: tensor}, or their states {row block: {key: tensor}}, stacked by rows; a
+        number (AdamW's step) is the first map's, as all of them count alike."""
+        first = parts[0]
+        if isinstance(first, dict):
+            return {key: stack({i: part[key] for i, part in parts.items()}) if first[key].dim() else first[key]
+                    for key in first}
+        return torch.cat([parts[i] for i in sorted(parts)])
+
+    def stacked(names, value_of):
+        """{old name: its maps' values stacked}, in the order of each old name's first map among names."""
+        pieces = {}
+        for name in names:
+            source, i, _ = checkpoint.piece_of(name, config)
+            pieces.setdefault(source, {})[i] = value_of(name)
+        return {source: stack(parts) for source, parts in pieces.items()}
+
+    ckpt["model"] = stacked(list(ckpt["model"]), ckpt["model"].get)
+    model = gpt.GPT(gpt.GPTConfig(**config))
+    tc = gpt.TrainConfig(**{**ckpt["train_config"], "device": "cpu", "out_dir": ""})
+    names = {id(p): name for name, p in model.named_parameters()}
+    for optimizer, saved in zip(gpt.configure_optimizers(model, tc), ckpt["optimizers"], strict=True):
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        saved["state"] = dict(enumerate(stacked(order, lambda name: saved["state"][order.index(name)]).values()))
+        sizes = [len({checkpoint.piece_of(names[id(p)], config)[0] for p in group["params"]})
+                 for group in optimizer.param_groups]
+        saved["param_groups"] = [{**group, "params": list(range(sum(sizes[:g]), sum(sizes[:g + 1])))}
+                                 for g, group in enumerate(saved["param_groups"])]
+    return ckpt
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_an_old_checkpoint_resumes_to_the_weights_of_the_same_state_in_todays_layout(tmp_path, optimizer):
+    """AdamW counts its steps in a tensor for each parameter: the maps cut from one stacked weight must not share
+    one, or each step counts three times for the query, key and value (twice for SwiGLU's gate and up)."""
+    tc = tiny_train_config(tmp_path, n_layer=2, bias=True, optimizer=optimizer, max_iters=3)
+    train.run(tc, TEXT, quiet)
+    today = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert any(s["step"].dim() == 0 for s in today["optimizers"][0]["state"].values())  # AdamW's counts
+    old = old_layout(today)
+    assert "h.0.attn.c_attn.weight" in old["model"] and "h.0.attn.c_attn.bias" in old["model"]
+    (tmp_path / "old").mkdir()
+    torch.save(old, tmp_path / "old" / "ckpt.pt")
+    resumed = {}
+    for folder in ("out", "old"):
+        trainer, stopped = train.run(replace(tc, out_dir=str(tmp_path / folder)), TEXT, quiet, resume=True,
+                                     given=dict(max_iters=6))
+        assert stopped is None and trainer.it == 6
+        resumed[folder] = torch.load(tmp_path / folder / "ckpt.pt", weights_only=True)
+    for name, w in resumed["out"]["model"].items():
+        torch.testing.assert_close(resumed["old"]["model"][name], w, rtol=0, atol=1e-6, msg=name)
+    for kept, today_kept in zip(resumed["old"]["optimizers"], resumed["out"]["optimizers"]):
+        for i, state in today_kept["state"].items():
+            for key, value in state.items():
+                torch.testing.assert_close(kept["state"][i][key], value, rtol=0, atol=1e-6)
