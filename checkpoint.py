@@ -337,7 +337,8 @@ def resume(trainer, ckpt, path, advice="train without --resume"):
 
 def evaluation_pending(trainer):
     """Whether the run stopped after a step that evaluates and before its evaluation (a signal in
-    that step, or during the evaluation): resuming runs it first, as the run would have."""
+    that step, or during the evaluation): resuming runs it first, as the run would have, and a run
+    stopped so in its last step has not ended: it ends then, with its report."""
     tc = trainer.tc
     due = trainer.it % tc.eval_interval == 0 or trainer.done()
     done = trainer.history and trainer.history[-1]["iter"] == trainer.it

@@ -359,6 +359,40 @@ def test_resume_is_exact_wherever_the_signal_lands(tmp_path, monkeypatch, where)
         assert torch.equal(p, q), name
 
 
+@pytest.mark.parametrize("where", ["in the last step", "during the last evaluation"])
+def test_a_run_stopped_in_its_last_step_or_evaluation_ends_on_resume_as_it_would_have(tmp_path, monkeypatch, capsys,
+                                                                                        where):
+    flags = tiny_flags(tmp_path)  # max_iters 8, eval_interval 4, eval_iters 2: 4 steps, 4 eval batches, 4 steps, ...
+    at = {"in the last step": 12, "during the last evaluation": 14}[where]  # the call of Trainer.batch
+    real_batch, calls = gpt.Trainer.batch, []
+
+    def signal_in_call(self, split):
+        calls.append(split)
+        if len(calls) == at:
+            signal.raise_signal(signal.SIGTERM)
+        return real_batch(self, split)
+
+    monkeypatch.setattr(gpt.Trainer, "batch", signal_in_call)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(flags)
+    assert exit_info.value.code == 143
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 8
+    assert not (tmp_path / "out" / "report.html").exists()
+    monkeypatch.setattr(gpt.Trainer, "batch", real_batch)
+    capsys.readouterr()
+    train.main([*flags, "--resume"])
+    out = capsys.readouterr().out
+    assert "nothing to train" not in out, out
+    # The evaluation, what context buys, the sample and the report, as a run that was never stopped ends.
+    assert re.search(r"iter 8: train loss [\d.]+, val loss [\d.]+ .*\nsaved iteration 8 to .*\nwhat context buys: "
+                     r".*\nreport: .*report\.html", out, re.S), out
+    assert [h["iter"] for h in torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["history"]] == [4, 8]
+    assert (tmp_path / "out" / "report.html").exists()
+    capsys.readouterr()
+    train.main([*flags, "--resume"])  # ended now: nothing more to train
+    assert "nothing to train: " in capsys.readouterr().out
+
+
 def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(tmp_path):
     # A long evaluation (eval_iters 10**6) would take hours: after the signal none runs, and no report is made.
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5, eval_iters=10 ** 6)

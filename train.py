@@ -222,7 +222,6 @@ class Progress:
                 f"{self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
 
 
-
 # ---------------------------------------------------------------------------------------------- the run
 def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False, given=(),
         init_from=None):
@@ -269,7 +268,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
         f"{len(trainer.splits['train']):,} tokens to train on, {len(trainer.splits['val']):,} held out")
     tokens_per_step = tc.batch_size * tc.block_size * tc.grad_accum * world
     progress = Progress(trainer, tokens_per_step)
-    start = trainer.it
+    ended = trainer.done() and not checkpoint.evaluation_pending(trainer)
     stop = 0
     closing = False
     # The batches' generator as the run stood before an evaluation: a signal during one saves the
@@ -279,7 +278,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
     with signals_caught(lambda: closing or not trainer.model.training) as caught:
         try:
             # A new run saves its first weights before its first step.
-            if start == 0:
+            if trainer.it == 0:
                 trainer.save()
             elif checkpoint.evaluation_pending(trainer):
                 # The learning rate of the step before, which the evaluation records.
@@ -325,7 +324,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
         closing = True
         if rank:
             return trainer, stop or None
-        if trainer.it == start:
+        if ended:
             log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or "
                 f"--max_time to go on")
             return trainer, None
@@ -364,7 +363,6 @@ def diverged_message(trainer):
     return (f"the training loss is {trainer.loss.item()} at iteration {trainer.it}: training diverged. "
             f"Too high a {rates} or --weight_decay {tc.weight_decay:g}, too short a --warmup_iters "
             f"{tc.warmup_iters}, or --grad_clip {tc.grad_clip:g} (0: off) can cause it{kept}")
-
 
 
 def main(argv=None):
