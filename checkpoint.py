@@ -9,6 +9,7 @@ tokenizer it needs, and keeps the run's folder (writable, one run at a time).
     checkpoint.resume(trainer, ckpt, path)
 """
 import dataclasses
+import errno
 import math
 import os
 import re
@@ -225,6 +226,11 @@ def resumed_config(tc, ckpt, path, given, log):
     given = {k: v for k, v in given.items() if k not in KEPT_ON_RESUME or k not in recorded}
     kept = {k: v for k, v in recorded.items() if k not in given}
     tc = dataclasses.replace(tc, **kept, **given)
+    # A timed run stops on its clock, which a --max_iters given would leave unused.
+    if tc.max_time and "max_iters" in given:
+        raise ValueError(f"{path} is a run timed by --max_time {tc.max_time:g}, which --max_iters does "
+                         f"not change: give a longer --max_time, or --max_time 0 --max_iters "
+                         f"{given['max_iters']} to train by steps")
     return keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
 
 
@@ -348,7 +354,11 @@ def evaluation_pending(trainer):
 # ---------------------------------------------------------------------------------------------- out_dir
 def check_out_dir(out_dir):
     """An --out_dir that cannot be written fails now, by its real cause, not at the first save
-    after minutes of training; so do a checkpoint and its temporary file that are not files."""
+    after minutes of training; so do a checkpoint and its temporary file that are not files. None
+    ("", which only --resume passes) is refused: a resumed run goes on in its own folder."""
+    if not out_dir:
+        raise ValueError('--resume goes on in the folder of the run, and --out_dir "" names none: '
+                         'give the --out_dir it was trained with')
     path = path_in(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -360,9 +370,22 @@ def check_out_dir(out_dir):
             pass
         os.remove(path + ".probe")
     except OSError as e:
-        # makedirs says only "File exists" of a file where the folder should be.
-        reason = f"{out_dir} is there, and not a folder" if isinstance(e, FileExistsError) else e.strerror
+        # makedirs says only "File exists" of a file, a loop of links or a link to nothing where
+        # the folder should be.
+        reason = not_a_folder(out_dir) if isinstance(e, FileExistsError) else e.strerror
         raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
+
+
+def not_a_folder(path):
+    """What path, which is there, is instead of a folder: a loop of links, a link to nothing, or a
+    file."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{path} is a loop of symbolic links"
+        return f"{path} is a link to {os.readlink(path)}, which is not there"
+    return f"{path} is there, and not a folder"
 
 
 def own_out_dir(out_dir):

@@ -20,7 +20,7 @@ import report
 import sample
 import train
 from conftest import (HERE, TEXT, HANG, tiny_train_config, tiny_flags, quiet, run_cli, one_line_error, ByteTokenizer,
-                      hand_made)
+                      hand_made, set_in)
 
 
 # ---------------------------------------------------------------------------------------------------- runs and resumes
@@ -300,6 +300,13 @@ NUMBERS = [name for name in cli.LIMITS if name != "vocab_size"]
     (["--out_dir", "DATA"], "data.txt is there, and not a folder): pass --out_dir a writable folder"),
     (["--out_dir", "FOLDER"], "pass --out_dir a writable folder"),  # FOLDER/ckpt.pt is a folder
     (["--out_dir", "/sys/nope"], "cannot write /sys/nope/ckpt.pt ("),  # a read-only file system: its real cause
+    (["--out_dir", "LOOP"], "LOOP is a loop of symbolic links): pass --out_dir a writable folder"),
+    (["--out_dir", "NOWHERE"], "NOWHERE is a link to "),
+    (["--max_time", "3"], "--max_time trains for seconds, --max_iters for steps: give one of them"),  # beside 2
+    (["--max_time", "1e308"], "give one of them"),
+    (["--resume", "--out_dir", ""], '--out_dir "" names none: give the --out_dir it was trained with'),
+    (["--resume", "--out_dir", "TIMED"], "is a run timed by --max_time 60, which --max_iters does not change: give "
+                                         "a longer --max_time, or --max_time 0 --max_iters 2 to train by steps"),
     (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
     (["--resume", "--data", "NEW_CHARS"], "has characters the checkpoint never saw ('#'): use the text it was trained"),
@@ -315,13 +322,17 @@ def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys,
     (tmp_path / "ODD.bin").write_bytes(b"\x00" * 4001)
     np.arange(4000, dtype=np.uint16).tofile(tmp_path / "IDS.bin")
     os.makedirs(tmp_path / "FOLDER" / "ckpt.pt")
+    os.symlink(tmp_path / "LOOP", tmp_path / "LOOP")
+    os.symlink(tmp_path / "gone", tmp_path / "NOWHERE")
+    hand_made(trained_dir, tmp_path / "TIMED", set_in(["train_config", "max_time"], 60.0))
     hand_made(trained_dir, tmp_path / "NO_STATE", lambda ckpt: [ckpt.pop(k) for k in ("optimizers", "rng")])
     data = tmp_path / "data.txt"
     data.write_text(TEXT, encoding="utf-8")
     (tmp_path / "NEW_CHARS").write_text(TEXT + "#", encoding="utf-8")
     names = dict(MISSING=tmp_path / "missing.txt", FOLDER=tmp_path / "FOLDER", BINARY=tmp_path / "BINARY",
                  EMPTY=tmp_path / "EMPTY", DATA=data, NO_STATE=tmp_path / "NO_STATE", NEW_CHARS=tmp_path / "NEW_CHARS",
-                 ODD=tmp_path / "ODD", IDS=tmp_path / "IDS")
+                 ODD=tmp_path / "ODD", IDS=tmp_path / "IDS", LOOP=tmp_path / "LOOP", NOWHERE=tmp_path / "NOWHERE",
+                 TIMED=tmp_path / "TIMED")
     flags = [re.sub("|".join(names), lambda m: str(names[m.group(0)]), f) for f in flags]
     message = one_line_error(capsys, train, "--data", str(data), "--out_dir", trained_dir, "--max_iters", "2",
                              "--block_size", "16", *flags)

@@ -93,6 +93,8 @@ def parse_args(argv=None):
     given = {name: value for name, value in vars(args).items() if value is not None and name not in own}
     if args.resume and args.init_from:
         parser.error("--resume continues a run, --init_from starts one from GPT-2: give one of them")
+    if given.get("max_time") and "max_iters" in given:
+        parser.error("--max_time trains for seconds, --max_iters for steps: give one of them")
     return args, given
 
 
@@ -236,7 +238,7 @@ def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False,
         trainer = None
         error = None
         try:
-            if tc.out_dir and rank == 0:
+            if (tc.out_dir or resume) and rank == 0:
                 checkpoint.check_out_dir(tc.out_dir)
                 lock = checkpoint.own_out_dir(tc.out_dir)
             trainer = set_up(tc, data_file, dict(given), resume, init_from, rank, say)
