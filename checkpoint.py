@@ -37,7 +37,9 @@ def load(path, device):
     try:
         # gpt.load_checkpoint's steps, with a checkpoint of the layout before each map had a weight of
         # its own brought to today's on the way.
-        ckpt = torch.load(path, map_location=gpt.get_device(str(device)), weights_only=True)
+        # On the CPU, and moved to device after: the random states must stay CPU tensors, and
+        # torch.load cannot place tensors on a device named with an index (cpu:0).
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         split = split_maps(ckpt["model"], ckpt["config"])
         # Marked, in memory alone, for resume, which cuts the optimizers' states likewise.
         ckpt[OLD_LAYOUT] = split is not ckpt["model"]
@@ -93,9 +95,8 @@ def needs_tokenizer(tokenizer, path, advice):
     """Refuses a checkpoint whose tokenizer is not usable here, in one line that ends with advice
     (which begins with its own punctuation)."""
     if not usable(tokenizer):
-        name = getattr(tokenizer, "name", None)
-        raise ValueError(f"{path} was trained on token ids of a tokenizer it only names ({name})"
-                         f"{advice}")
+        which = "no tokenizer" if tokenizer is None else f"a tokenizer it only names ({tokenizer.name})"
+        raise ValueError(f"{path} was trained on token ids of {which}{advice}")
 
 
 # ---------------------------------------------------------------------------------------------- the old layout

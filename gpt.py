@@ -328,8 +328,8 @@ def save_checkpoint(ckpt, path):
 def load_checkpoint(path, device=None):
     """The model in eval mode on device, its CharTokenizer (or None for another), the checkpoint."""
     device = get_device(device)
-    # weights_only: tensors and plain data alone, so that a downloaded checkpoint cannot run code.
-    ckpt = torch.load(path, map_location=device, weights_only=True)
+    # weights_only: a downloaded checkpoint cannot run code. To the CPU: torch.load maps no cpu:0.
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
     tokenizer = None if ckpt.get("chars") is None else CharTokenizer(ckpt["chars"])

@@ -68,11 +68,11 @@ def test_token_ids_in_a_bin_file_train_from_the_command_line_and_sample_py_says_
     assert ckpt["config"]["vocab_size"] == int(ids.max()) + 1 and ckpt["chars"] is None
     assert "bits per character" not in capsys.readouterr().out  # ids, not characters
     message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
-    assert "was trained on token ids of a tokenizer it only names (None), so it cannot be decoded here" in message
+    assert "was trained on token ids of no tokenizer, so it cannot be decoded here: sample it from Python" in message
     train.main(["--data", str(tmp_path / "train.bin"), *tiny_flags(tmp_path, max_iters=6)[2:], "--resume"])
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 6
     message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=8), "--resume")
-    assert "resume it on the same ids, --data FILE.bin" in message
+    assert "was trained on token ids of no tokenizer: resume it on the same ids, --data FILE.bin" in message
 
 
 @pytest.mark.parametrize("ids, vocab_size, match", [

@@ -404,6 +404,18 @@ def test_a_run_stopped_in_its_last_step_or_evaluation_ends_on_resume_as_it_would
     assert "nothing to train: " in capsys.readouterr().out
 
 
+def test_a_device_named_with_its_index_trains_resumes_and_samples(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=2, eval_interval=2, device="cpu:0")
+    train.main(flags)
+    train.main([*flags, "--resume", "--max_iters", "4"])
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 4
+    capsys.readouterr()
+    sample.main(["--out_dir", str(tmp_path / "out"), "--device", "cpu:0", "--start", "ROMEO", "--max_new_tokens", "5"])
+    assert capsys.readouterr().out.startswith("ROMEO")
+    model, _, _ = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu:0")
+    assert next(model.parameters()).device.type == "cpu"
+
+
 def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(tmp_path):
     # A long evaluation (eval_iters 10**6) would take hours: after the signal none runs, and no report is made.
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5, eval_iters=10 ** 6)
