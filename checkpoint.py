@@ -308,6 +308,28 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
         fits = False
     if not fits:
         raise ValueError(f"{wrong}: the optimizers' states or the evaluations; {advice}")
+    unsound = unsound_state(saved)
+    if unsound:
+        raise ValueError(f"{path} holds an optimizer state that no step leaves ({unsound}): it is "
+                         f"damaged or hand-made, and would turn the weights NaN; {advice}")
+
+
+# The least value of each state that has one: a second moment is a mean of squares, and AdamW
+# divides by 1 - beta ** step, 0 before the first step.
+STATE_LOWEST = {"exp_avg_sq": 0, "step": 1}
+
+
+def unsound_state(saved_optimizers):
+    """What is wrong with optimizers' states that fit their model, or "": a value NaN or inf, or one
+    below the least it can have."""
+    for saved in saved_optimizers:
+        for state in saved["state"].values():
+            for name, value in state.items():
+                if not value.isfinite().all():
+                    return f"{name} holds NaN or inf"
+                if name in STATE_LOWEST and (value < STATE_LOWEST[name]).any():
+                    return f"{name} holds values below {STATE_LOWEST[name]}"
+    return ""
 
 
 def restore(trainer, ckpt):

@@ -82,6 +82,31 @@ def test_a_damaged_training_state_is_refused_before_adamw_steps_on_it(tmp_path, 
     assert "train without --resume" in message
 
 
+def spoil(optimizer, name, how):
+    """A change of a checkpoint: the state name of the first parameter of optimizer (0: AdamW, 1: Muon) spoiled."""
+    def change(ckpt):
+        state = ckpt["optimizers"][optimizer]["state"][0]
+        state[name] = how(state[name].clone())
+    return change
+
+
+@pytest.mark.parametrize("change, match", [
+    (spoil(0, "exp_avg_sq", lambda v: v - 1), "exp_avg_sq holds values below 0"),
+    (spoil(0, "exp_avg_sq", lambda v: v.index_fill_(0, torch.tensor([0]), float("inf"))), "exp_avg_sq holds NaN or inf"),
+    (spoil(0, "exp_avg", lambda v: v.index_fill_(0, torch.tensor([1]), float("nan"))), "exp_avg holds NaN or inf"),
+    (spoil(0, "step", lambda v: v.fill_(float("nan"))), "step holds NaN or inf"),
+    (spoil(0, "step", lambda v: v.fill_(0)), "step holds values below 1"),
+    (spoil(1, "momentum_buffer", lambda v: v.fill_(float("-inf"))), "momentum_buffer holds NaN or inf"),
+])
+def test_optimizer_states_no_step_leaves_are_refused_before_the_first_step(tmp_path, capsys, trained_dir, change,
+                                                                            match):
+    hand_made(trained_dir, tmp_path / "out", change)
+    before = (tmp_path / "out" / "ckpt.pt").read_bytes()
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
+    assert f"holds an optimizer state that no step leaves ({match}): it is damaged or hand-made" in message, message
+    assert message.endswith("train without --resume") and (tmp_path / "out" / "ckpt.pt").read_bytes() == before
+
+
 @pytest.mark.parametrize("name, value", [("eval_iters", float("nan")), ("eval_iters", 0), ("grad_clip", "1"),
                                          ("learning_rate", float("inf")), ("bias", 1), ("seed", -1)])
 def test_a_recorded_option_no_run_could_have_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir,
