@@ -19,8 +19,15 @@ import gpt
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
-        # argparse's message on one line, without the usage block above it.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        # argparse's message on one line, without the usage block above it; under torchrun, from
+        # the first process alone, as every process reads the same command line.
+        self.exit(2, None if other_process() else f"{self.prog}: error: {message} (see --help)\n")
+
+
+def other_process():
+    """Whether this is a process of a torchrun job other than the first (RANK 1 and on)."""
+    rank = os.environ.get("RANK", "0")
+    return os.environ.get("WORLD_SIZE", "1") != "1" and rank.isdigit() and int(rank) > 0
 
 
 def number(kind, ok, rule):

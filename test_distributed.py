@@ -143,3 +143,23 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
 def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
     done = run_cli("train.py", "--data", str(tmp_path / "missing.txt"), "--out_dir", str(tmp_path), env=env)
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and match in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("argv, status, says", [
+    (["--device", "tpu"], 1, "error: device 'tpu' is unknown or not on this machine"),
+    (["--n_embd", "30", "--n_head", "4"], 1, "error: n_embd (30) must be a multiple of 8"),
+    (["--max_iters", "0"], 2, "error: argument --max_iters: must be in [1, "),
+])
+def test_under_torchrun_a_fault_every_process_finds_before_they_join_is_said_once_by_the_first(
+        monkeypatch, capsys, argv, status, says):
+    monkeypatch.setattr(os, "_exit", sys.exit)  # a DDP process's end ends this call, not the tests
+    said = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(argv)
+        said.append(capsys.readouterr().err)
+        assert exit_info.value.code == status, said
+    assert says in said[0] and said[0].count("\n") <= 1 and said[1] == "", said

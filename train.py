@@ -218,9 +218,8 @@ class Progress:
         self.it_line = it
         self.timed = 0.0
         self.timed_steps = 0
-        lr = trainer.lr
         return (f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
-                f"{lr:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | "
+                f"{trainer.lr:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | "
                 f"{self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
 
 
@@ -372,7 +371,7 @@ def main(argv=None):
     cli.printable_stdout()
     rank = 0
     world = 1
-    code = 0
+    joined = False
     try:
         rank, _, world = distributed.ranks()
         device_type = cli.usable_device(given.get("device", "")).type
@@ -381,6 +380,7 @@ def main(argv=None):
             defaults = {**defaults, **INIT_FROM_DEFAULTS}
         tc = gpt.TrainConfig(**{**defaults, **given})
         data_file = data.DataFile(args.data, args.dtype)
+        joined = True
         _, stopped = run(tc, data_file, cli.printer, args.resume, args.log_interval, args.compile,
                          given, args.init_from)
         code = 128 + stopped if stopped else 0
@@ -390,9 +390,9 @@ def main(argv=None):
     except distributed.Failed as e:
         code = f"error: {e}" if e.shown else 1
     except (ValueError, OSError, RuntimeError, MemoryError) as e:
-        # Outside DDP's agreement (a fault in the middle of training), each process says its own.
+        # Every process finds a fault before they join, which the first says; later, each its own.
         where = "" if rank == 0 else f" (process {rank})"
-        code = f"error: {cli.one_line(e)}{where}"
+        code = f"error: {cli.one_line(e)}{where}" if joined or rank == 0 else 1
     distributed.end(code, world)
 
 
