@@ -320,13 +320,13 @@ def profile_steps(device, steps=20, rows=8):
 
 def weight_reads(device, rounds=7):
     """GB/s at which the one-row matmuls of a cached decode step read the 6x384 model's weights, the same with the
-    weights laid out (in, out) in memory as gpt2.from_state_dict keeps GPT-2's, and a sum over the same tensors: how
+    weights laid out (in, out) in memory as GPT-2's files store them, and a sum over the same tensors: how
     near the step's matmuls come to the speed of this machine's memory."""
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(**SAMPLING, **GPT2_BLOCK)).to(device)
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     rows = {n: torch.randn(1, n, device=device) for n in {w.size(1) for w in weights}}  # one token's input
-    # The same shapes, (out, in), laid out (in, out) in memory, as gpt2.from_state_dict keeps GPT-2's.
+    # The same shapes, (out, in), laid out (in, out) in memory, as GPT-2's files store them.
     transposed = [w.t().contiguous().t() for w in weights]
 
     def matmuls():
