@@ -92,7 +92,8 @@ def spoil(optimizer, name, how):
 
 @pytest.mark.parametrize("change, match", [
     (spoil(0, "exp_avg_sq", lambda v: v - 1), "exp_avg_sq holds values below 0"),
-    (spoil(0, "exp_avg_sq", lambda v: v.index_fill_(0, torch.tensor([0]), float("inf"))), "exp_avg_sq holds NaN or inf"),
+    (spoil(0, "exp_avg_sq", lambda v: v.index_fill_(0, torch.tensor([0]), float("inf"))),
+     "exp_avg_sq holds NaN or inf"),
     (spoil(0, "exp_avg", lambda v: v.index_fill_(0, torch.tensor([1]), float("nan"))), "exp_avg holds NaN or inf"),
     (spoil(0, "step", lambda v: v.fill_(float("nan"))), "step holds NaN or inf"),
     (spoil(0, "step", lambda v: v.fill_(0)), "step holds values below 1"),
