@@ -407,7 +407,8 @@ def not_a_folder(path):
     except OSError as e:
         if e.errno == errno.ELOOP:
             return f"{path} is a loop of symbolic links"
-        return f"{path} is a link to {os.readlink(path)}, which is not there"
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            return f"{path} is a link to {os.readlink(path)}, which is not there"
     return f"{path} is there, and not a folder"
 
 

@@ -371,7 +371,7 @@ def main(argv=None):
     cli.printable_stdout()
     rank = 0
     world = 1
-    joined = False
+    joining = False
     try:
         rank, _, world = distributed.ranks()
         device_type = cli.usable_device(given.get("device", "")).type
@@ -380,7 +380,7 @@ def main(argv=None):
             defaults = {**defaults, **INIT_FROM_DEFAULTS}
         tc = gpt.TrainConfig(**{**defaults, **given})
         data_file = data.DataFile(args.data, args.dtype)
-        joined = True
+        joining = True
         _, stopped = run(tc, data_file, cli.printer, args.resume, args.log_interval, args.compile,
                          given, args.init_from)
         code = 128 + stopped if stopped else 0
@@ -392,7 +392,7 @@ def main(argv=None):
     except (ValueError, OSError, RuntimeError, MemoryError) as e:
         # Every process finds a fault before they join, which the first says; later, each its own.
         where = "" if rank == 0 else f" (process {rank})"
-        code = f"error: {cli.one_line(e)}{where}" if joined or rank == 0 else 1
+        code = f"error: {cli.one_line(e)}{where}" if joining or rank == 0 else 1
     distributed.end(code, world)
 
 
