@@ -18,6 +18,7 @@ import pytest
 
 import gpt2
 import gpt_numpy
+import workbook
 from conftest import (HERE, TINY, TEXT, HANG, run_cli, interrupted, fixture_weights, fixture_logits, TWIN_CONFIGS,
                       twin_pair, zero_gradient)
 
@@ -45,7 +46,7 @@ def test_twin_trains_and_samples():
     data = np.array([chars.index(c) for c in text])
     config = gpt_numpy.GPTConfig(vocab_size=len(chars), block_size=16, n_layer=1, n_head=2, n_embd=32, bias=False)
     twin = gpt_numpy.GPT(config, gpt_numpy.init_params(config, seed=0, dtype=np.float64))
-    optimizer = gpt_numpy.AdamW(twin.params, lr=1e-2)
+    optimizer = workbook.AdamW(twin.params, lr=1e-2)
     rng = np.random.default_rng(0)
     for step in range(200):
         ix = rng.integers(len(data) - 17, size=8)
@@ -53,8 +54,8 @@ def test_twin_trains_and_samples():
         _, loss = twin.forward(xy[:, :-1], xy[:, 1:])
         optimizer.step(twin.backward())
     assert loss < 0.25 * math.log(len(chars)), loss
-    out = twin.generate(data[None, :5], 40, temperature=0)
-    drawn = lambda seed: twin.generate(data[None, :5], 20, temperature=2.0, top_k=5, top_p=0.9,
+    out = workbook.generate(twin, data[None, :5], 40, temperature=0)
+    drawn = lambda seed: workbook.generate(twin, data[None, :5], 20, temperature=2.0, top_k=5, top_p=0.9,
                                        generator=np.random.default_rng(seed))  # hot: a trained model may be sure
     assert np.array_equal(drawn(3), drawn(3)) and not np.array_equal(drawn(3), drawn(4))
     assert set("".join(chars[i] for i in out[0]).split()[:-1]) <= set(text.split())  # the last word may be cut
@@ -169,12 +170,12 @@ def test_the_keys_bias_has_a_gradient_of_zero_with_learned_positions_and_not_wit
 # ---------------------------------------------------------------------------------------------------- the check table
 def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
     lines = []
-    assert gpt_numpy.check(log=lines.append)
+    assert workbook.check(log=lines.append)
     table = "\n".join(lines)
     for layer in ("crossentropy", "linear", "layernorm", "rmsnorm", "gelu", "swiglu", "attention", "attention, rope",
                   "softmax", "rope", "embedding", "model (gpt2): h.1.mlp.c_fc.bias", "model (llama): lm_head.weight"):
         assert f"\n{layer}" in table, layer
-    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "78 ok, 0 WRONG, 0 ERROR"
+    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "82 ok, 0 WRONG, 0 ERROR"
 
 
 def layernorm_without_the_mean(dout, saved, right=gpt_numpy.layernorm_backward):
@@ -194,18 +195,18 @@ def swiglu_without_the_gates_sigmoid(dout, saved):
      "crossentropy: dx"),  # the 1/N dropped
     ("gelu_backward", lambda dout, saved: (dout * 0.5 * (1 + saved[1]), {}), "gelu: dx"),  # half the product rule
     ("swiglu_backward", swiglu_without_the_gates_sigmoid, "swiglu: dgate"),
-    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "attention, rope: dq"),
+    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "rope: dx"),  # the piece, checked before the attention that calls it
 ])
 def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch, name, broken, first_wrong):
     monkeypatch.setattr(gpt_numpy, name, broken)
     lines = []
-    assert not gpt_numpy.check(log=lines.append)
+    assert not workbook.check(log=lines.append)
     assert re.search(f"WRONG, 0 ERROR: first {re.escape(first_wrong)}$", lines[-1]), lines[-1]
 
 
 def verdicts(lines):
     """{row name: ok, WRONG or ERROR} of a --check table."""
-    return {line[:44].strip(): "ERROR" if "  ERROR  " in line else line.split()[-1] for line in lines[1:-1]}
+    return {line[:44].strip(): line[61:].split()[0] for line in lines[1:-1]}
 
 
 def check_rows(lines):
@@ -220,13 +221,29 @@ def check_rows(lines):
     return rows, models
 
 
+def with_the_workbook(folder):
+    """folder, given workbook.py, the gpt_numpy.py it imports and the known logits it reads (not workbook.json)."""
+    for name in ("workbook.py", "gpt_numpy.py"):
+        shutil.copy(Path(HERE, name), folder / name)
+    (folder / "fixtures").mkdir(exist_ok=True)
+    shutil.copy(Path(HERE, "fixtures", "twin_logits.json"), folder / "fixtures" / "twin_logits.json")
+    return folder
+
+
+def imported(path):
+    """The Python file at path, imported as a module of its own."""
+    spec = importlib.util.spec_from_file_location(f"twin_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def broken_twin(tmp_path, change, to):
     """A copy of gpt_numpy.py with one line changed, imported as a module of its own."""
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
     assert source.count(change) == 1, change  # the line to change is in the file, once
-    path = tmp_path / "broken_twin.py"
+    path = with_the_workbook(tmp_path) / "broken_twin.py"
     path.write_text(source.replace(change, to), encoding="utf-8")
-    shutil.copy(Path(HERE, "workbook.json"), tmp_path / "workbook.json")
     spec = importlib.util.spec_from_file_location(f"broken_twin_{abs(hash(to))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -249,9 +266,9 @@ def broken_twin(tmp_path, change, to):
 def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_its_end(tmp_path, change, to, says):
     twin = broken_twin(tmp_path, change, to)
     lines = []
-    assert not twin.check(log=lines.append)
+    assert not workbook.check(log=lines.append, twin=twin)
     assert "model (llama): " in lines[-2] and any(line.startswith("embedding: ") for line in lines), lines  # to the end
-    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("78 ok")
+    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("82 ok")
     assert says is None or any(says in line for line in lines), lines
     done = run_cli(str(tmp_path / "broken_twin.py"), "--check")
     assert done.returncode == 1 and "Traceback" not in done.stderr and done.stdout.count("\n") >= 12, done.stderr
@@ -259,10 +276,10 @@ def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_i
 
 def test_check_layer_answers_as_the_table_does():
     x = np.random.default_rng(0).standard_normal((4, 5))
-    [right] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 3 * x ** 2, {}), x)
-    [wrong] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 2 * x ** 2, {}), x)
-    [nan] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * np.nan, {}), x)
-    [raised] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout.sum(-1), {}), x)
+    [right] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 3 * x ** 2, {}), x)
+    [wrong] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 2 * x ** 2, {}), x)
+    [nan] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * np.nan, {}), x)
+    [raised] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout.sum(-1), {}), x)
     assert (right.verdict, wrong.verdict, nan.verdict, raised.verdict) == ("ok", "WRONG", "WRONG", "ERROR")
     assert right.error < 1e-8 and wrong.error > 0.1 and nan.error == math.inf
     assert re.fullmatch(r"x: ok \(\d\.\de-\d\d, at most 1e-06\)", repr(right)), repr(right)
@@ -274,7 +291,7 @@ def test_check_runs_where_torch_cannot_be_imported():
             "runpy.run_path('gpt_numpy.py', run_name='__main__')")
     done = run_cli("-c", code)
     assert done.returncode == 0, done.stderr
-    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("78 ok, 0 WRONG, 0 ERROR")
+    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("82 ok, 0 WRONG, 0 ERROR")
     closed = subprocess.Popen([sys.executable, "gpt_numpy.py", "--check"], cwd=HERE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     closed.stdout.readline()
@@ -285,7 +302,7 @@ def test_check_runs_where_torch_cannot_be_imported():
 
 def test_the_check_has_a_row_for_each_input_and_each_weight_and_every_one_is_ok():
     lines = []
-    assert gpt_numpy.check(log=lines.append)
+    assert workbook.check(log=lines.append)
     rows = verdicts(lines)
     assert set(rows.values()) == {"ok"} and lines[-1] == f"{len(rows)} ok, 0 WRONG, 0 ERROR"
     for name in ("swiglu: dgate", "swiglu: dup", "attention: dq", "attention: dk", "attention: dv",
@@ -301,7 +318,7 @@ def test_a_model_gradient_of_zeros_is_wrong_where_the_true_one_is_not(tmp_path):
     # Every gradient of the model zero: no scale of its own, yet never ok against finite differences that are not.
     twin = broken_twin(tmp_path, 'grads[f"{params or name}.{key}"] += g', 'grads[f"{params or name}.{key}"] += 0 * g')
     lines = []
-    assert not twin.check(log=lines.append)
+    assert not workbook.check(log=lines.append, twin=twin)
     rows = verdicts(lines)
     model = {name: v for name, v in rows.items() if name.startswith("model (")}
     # The keys' bias of GPT-2's block aside, whose true gradient is zero too.
@@ -326,7 +343,7 @@ def test_check_layer_is_not_fooled_by_a_backward_that_writes_into_its_arrays():
         return dout * 3 * x ** 2, {}  # the gradient at x + 1
 
     for backward in (scales_dout, adds_to_x):
-        [row] = gpt_numpy.check_layer(cube_forward, backward, x)
+        [row] = workbook.check_layer(cube_forward, backward, x)
         assert row.verdict == "WRONG" and row.error > 0.1, (backward.__name__, row)
 
 
@@ -355,7 +372,7 @@ def test_check_layer_passes_a_right_gradient_whatever_forward_and_backward_write
 
     for forward, backward, params in ((cube_in_place, right_in_place, {}), (cube_forward, right_in_place, {}),
                                       (scale_forward, spoils_the_weight, dict(weight=np.linspace(1, 2, 5)))):
-        rows = gpt_numpy.check_layer(forward, backward, x, **params)
+        rows = workbook.check_layer(forward, backward, x, **params)
         assert [row.verdict for row in rows] == ["ok"] * (1 + len(params)), (forward.__name__, rows)
     assert np.array_equal(x, kept)  # the caller's array as it was
 
@@ -373,10 +390,11 @@ def test_an_in_place_write_in_linear_backward_turns_its_rows(tmp_path, change, t
     twin = broken_twin(tmp_path, change, to)
     x = np.random.default_rng(1).standard_normal((2, 5, 8))
     weight = np.random.default_rng(2).standard_normal((3, 8))
-    rows = twin.check_layer(twin.linear_forward, twin.linear_backward, x, weight=weight, bias=np.ones(3))
+    rows = workbook.check_layer(twin.linear_forward, twin.linear_backward, x, weight=weight, bias=np.ones(3),
+                                 twin=twin)
     assert {f"linear: d{row.name}" for row in rows if row.verdict == "WRONG"} == wrong, rows
     lines = []
-    assert not twin.check(log=lines.append)
+    assert not workbook.check(log=lines.append, twin=twin)
     rows = verdicts(lines)
     assert {name for name, v in rows.items() if v != "ok" and not name.startswith("model (")} == wrong
     assert rows["model (gpt2): h.0.attn.c_q.weight"] == rows["model (llama): h.0.attn.c_q.weight"] == "WRONG"
@@ -385,7 +403,7 @@ def test_an_in_place_write_in_linear_backward_turns_its_rows(tmp_path, change, t
 def test_a_right_backward_that_spoils_its_weight_after_use_still_passes_everywhere(tmp_path):
     twin = broken_twin(tmp_path, LINEAR_END, LINEAR_END.replace("    return", "    weight *= 1.5\n    return"))
     lines = []
-    assert twin.check(log=lines.append), "\n".join(lines)
+    assert workbook.check(log=lines.append, twin=twin), "\n".join(lines)
 
 
 @pytest.mark.parametrize("name", ["gelu_backward", "rmsnorm_backward"])
@@ -398,47 +416,46 @@ def test_the_tables_row_turns_for_a_layer_that_scales_dout_in_place(monkeypatch,
 
     monkeypatch.setattr(gpt_numpy, name, scales_dout)
     lines = []
-    assert not gpt_numpy.check(log=lines.append)
+    assert not workbook.check(log=lines.append)
     layer = name[:-len("_backward")]
     assert verdicts(lines)[f"{layer}: dx"] == "WRONG"
 
 
 # ---------------------------------------------------------------------------------------------------- the workbook
 def test_every_exercise_of_the_workbook_turns_the_rows_its_answer_names(tmp_path):
-    exercises = gpt_numpy.exercises()
+    exercises = workbook.exercises()
     assert len(exercises) >= 10
     for number, exercise in enumerate(exercises, 1):
         twin = broken_twin(tmp_path, exercise["change"], exercise["to"])
         lines = []
-        assert not twin.check(log=lines.append), number
+        assert not workbook.check(log=lines.append, twin=twin), number
         assert check_rows(lines) == (exercise["rows"], exercise["models"]), (number, exercise["title"])
-        answer = gpt_numpy.exercise_text(number, answer=True)
+        answer = workbook.exercise_text(number, answer=True)
         assert all(name in answer for name in [*exercise["rows"], *exercise["models"]]), answer
-        assert exercise["change"] in gpt_numpy.exercise_text(number) and "--answer" in gpt_numpy.exercise_text(number)
+        assert exercise["change"] in workbook.exercise_text(number) and "--answer" in workbook.exercise_text(number)
 
 
 def test_the_workbook_from_the_command_line(capsys):
-    gpt_numpy.main(["--exercise", "list"])
+    workbook.main(["--exercise", "list"])
     listed = capsys.readouterr().out
-    assert listed.count("\n") == len(gpt_numpy.exercises()) and "layernorm_backward" in listed
-    gpt_numpy.main(["--exercise", "5"])
+    assert listed.count("\n") == len(workbook.exercises()) and "layernorm_backward" in listed
+    workbook.main(["--exercise", "5"])
     question = capsys.readouterr().out
     assert "Predict" in question and "Why" not in question and "gpt2 (WRONG)" not in question
-    gpt_numpy.main(["--exercise", "5", "--answer"])
+    workbook.main(["--exercise", "5", "--answer"])
     assert "Why: " in capsys.readouterr().out
     for args, says in ((["--exercise", "0"], "a number from 1 to"), (["--exercise", "x"], "a number from 1 to"),
                        (["--answer"], "--answer goes with --exercise N")):
         with pytest.raises(SystemExit) as exit_info:
-            gpt_numpy.main(args)
+            workbook.main(args)
         message = exit_info.value.code if isinstance(exit_info.value.code, str) else capsys.readouterr().err
         assert says in message and exit_info.value.code != 0, message
 
 
 @pytest.fixture
 def twin_dir(tmp_path):
-    """A folder holding a copy of gpt_numpy.py, and no workbook."""
-    shutil.copy(Path(HERE, "gpt_numpy.py"), tmp_path / "gpt_numpy.py")
-    return tmp_path
+    """A folder holding a copy of gpt_numpy.py and workbook.py, and no workbook.json."""
+    return with_the_workbook(tmp_path)
 
 
 def assert_one_line(done, *says, code=1):
@@ -498,8 +515,8 @@ def test_a_bad_workbook_is_one_line_naming_it_and_what_is_wrong(twin_dir, conten
 
 
 def test_the_workbook_as_it_comes_passes_its_own_shape_check():
-    exercises = gpt_numpy.exercises()
-    assert gpt_numpy.workbook_problem(exercises) is None and len(exercises) >= 18
+    exercises = workbook.exercises()
+    assert workbook.workbook_problem(exercises) is None and len(exercises) >= 18
 
 
 # ---------------------------------------------------------------------------------------- the demo and its command line
