@@ -494,6 +494,13 @@ class GPT:
         self.saved = saved if targets is not None else None
         return logits, loss
 
+    # The backward is the forward's calls in reverse, from dL/dL = 1 at the loss: each layer's
+    # backward takes the gradient at its output, hands back the one at its input, and adds its
+    # parameters' gradients into grads. Three places take more than one call (rule 1 each time):
+    #   x = x + f(x):      the residual hands dx down unchanged, plus f's gradient at its input;
+    #   maps of the same h (c_q, c_k, c_v; c_gate, c_fc): h's gradient is the sum of theirs;
+    #   the tied head:     lm_head and wte are one matrix, and both add into its gradient.
+    # With learned positions, the same rows were added to every sequence: a sum over B (rule 2).
     def backward(self, activations=False):
         """The gradient of the last forward's loss for every parameter, named as params. With
         activations=True, also douts, {layer: dL/d(its output)}, keyed like the forward's saved

@@ -494,6 +494,8 @@ def workbook_problem(found):
         turned = ex.get("tensors", {})
         if not isinstance(turned, dict) or not all(isinstance(t, str) for t in turned.values()):
             return f'exercise {number}\'s "tensors" is not an object of texts'
+        if not isinstance(ex.get("tensors_why", ""), str):
+            return f'exercise {number}\'s "tensors_why" is not text'
     return None
 
 
@@ -545,6 +547,7 @@ def exercise_text(number, answer=False):
     if "check" in ex:
         with open(gpt_numpy.__file__, encoding="utf-8") as f:
             body = blanked(f.read(), ex["function"])[1]
+        body = textwrap.indent(textwrap.dedent(body), "    ")
         return f"Exercise {number}: {ex['title']}\nThe body of {ex['function']}:\n{body}".rstrip()
     if not answer:
         question = ("Predict, before you run it: which layer rows of python gpt_numpy.py --check "
@@ -556,11 +559,14 @@ def exercise_text(number, answer=False):
                 f"The answer: python gpt_numpy.py --exercise {number} --answer")
     rows = ", ".join(f"{name} ({verdict})" for name, verdict in ex["rows"].items()) or "none"
     models = ", ".join(f"{name} ({verdict})" for name, verdict in ex["models"].items()) or "neither"
-    tensors = "".join(f"\n{textwrap.fill(f'Tensors that turn in {name}: {said}', 96)}"
-                      for name, said in ex.get("tensors", {}).items())
     why = textwrap.fill(f"Why: {ex['why']}.", 96)
+    tensors = "; ".join(f"{name}: {said}" for name, said in ex.get("tensors", {}).items())
+    if tensors:
+        tensors = textwrap.fill(f"Model tensors that turn ({'*'} for any block or part of a "
+                                f"name): {tensors}. Why: {ex.get('tensors_why', '')}.", 96)
+        why += "\n" + tensors
     return (f"Exercise {number}: {ex['title']}\nLayer rows that turn: {rows}.\n"
-            f"Models with rows that turn: {models}.{tensors}\n{why}")
+            f"Models with rows that turn: {models}.\n{why}")
 
 
 def start_exercise(number, twin=gpt_numpy):
