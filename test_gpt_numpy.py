@@ -5,11 +5,13 @@ Its agreement with PyTorch is in test_gpt.py.
 import importlib.util
 import json
 import math
+import fnmatch
 import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -326,6 +328,86 @@ def test_a_model_gradient_of_zeros_is_wrong_where_the_true_one_is_not(tmp_path):
     assert all(v == "ok" for name, v in rows.items() if name not in model)
 
 
+def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches_and_the_rest_run(tmp_path):
+    change = "return p * (dout - (dout * p).sum(-1, keepdims=True)), {}"
+    twin = broken_twin(tmp_path, change, "return p * (dout - (dout * p).sum(-1)), {}")  # a lost keepdims
+    line = Path(twin.__file__).read_text(encoding="utf-8").split(change.replace(", keepdims=True", ""))[0].count("\n") + 1
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin)
+    rows = verdicts(lines)
+    assert len(rows) == 82 and lines[-1].endswith("ERROR: first softmax: dx")  # every row, the piece first
+    where = f"ValueError: operands could not be broadcast together with shapes (2,5,5) (2,5) (in softmax_backward, " \
+            f"broken_twin.py:{line})"
+    assert any(row.startswith("softmax: dx") and row.endswith(where) for row in lines), lines
+    raised = [row for row in lines if row[61:].startswith("ERROR")]
+    assert all(f"(in softmax_backward, broken_twin.py:{line})" in row for row in raised)
+    # What does not call softmax runs and passes; each model tensor gets its own ERROR row.
+    assert {name for name, v in rows.items() if v == "ERROR"} == {"softmax: dx"} | {
+        name for name in rows if name.startswith(("attention", "model ("))}
+    assert all(v == "ok" for name, v in rows.items() if name.startswith(("linear", "layernorm", "rope:", "forward")))
+
+
+@pytest.mark.parametrize("name, broken, says", [
+    ("crossentropy_backward", lambda dloss, saved: ((saved[0] - np.eye(saved[0].shape[-1])[saved[1]]) * dloss, {}),
+     "crossentropy: dx .* WRONG  off by a factor of 10$"),  # the 1/N of N = 10 positions dropped
+    ("softmax_backward", lambda dout, p: (-p * (dout - (dout * p).sum(-1, keepdims=True)), {}),
+     "softmax: dx .* WRONG  the sign$"),
+    ("gelu_backward", lambda dout, saved, right=gpt_numpy.gelu_backward: (0.5 * right(dout, saved)[0], {}),
+     "gelu: dx .* WRONG  off by a factor of 0.5$"),
+    ("rmsnorm_backward", lambda dout, saved: (2 * saved[1] * dout * saved[2], {"weight": (dout * saved[0]).sum((0, 1))}),
+     r"rmsnorm: dx .* WRONG  first entries that differ, ours vs finite differences: -?\d\.\d+(e-\d+)? vs -?\d"),
+])
+def test_a_wrong_row_says_its_constant_factor_or_its_first_entries(monkeypatch, name, broken, says):
+    monkeypatch.setattr(gpt_numpy, name, broken)
+    lines = []
+    assert not workbook.check(log=lines.append)
+    assert any(re.search(says, row) for row in lines), "\n".join(lines)
+
+
+def test_check_name_runs_one_layers_rows_then_what_calls_it_and_the_models_that_use_it(capsys):
+    for name, layers, blocks in (("layernorm", ["layernorm"], ["gpt2"]),
+                                 ("softmax", ["softmax", "attention", "attention, rope"], ["gpt2", "llama"]),
+                                 ("rope", ["rope", "attention, rope"], ["llama"]), ("model", [], ["gpt2", "llama"])):
+        lines = []
+        assert workbook.check(log=lines.append, only=name)
+        rows = list(verdicts(lines))
+        layer_rows = [row for row in rows if "(" not in row]
+        # The layer's rows first, then those of the layers that call it, then the models'.
+        assert list(dict.fromkeys(row.split(": ")[0] for row in layer_rows)) == layers
+        assert rows[:len(layer_rows)] == layer_rows
+        assert {row[row.index("(") + 1:row.index(")")] for row in rows if "(" in row} == set(blocks)
+    with pytest.raises(SystemExit) as exit_info:
+        workbook.main(["--check", "layernorm"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("layer input")
+    with pytest.raises(SystemExit) as exit_info:
+        workbook.main(["--check", "layer_norm"])
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message.count("\n") == 1 and "'layernorm'" in message and "'layer_norm'" in message
+
+
+@pytest.mark.parametrize("change, to, wrong", [
+    ("k=1)", "k=2)", {"forward (gpt2): causality", "forward (gpt2): known logits", "forward (llama): causality",
+                      "forward (llama): known logits"}),  # each position sees the next token
+    ("scale = 1 / math.sqrt(hs)", "scale = 1 / hs", {"forward (gpt2): known logits", "forward (llama): known logits"}),
+])
+def test_a_forward_that_has_left_gpt_py_fails_the_forward_rows(tmp_path, change, to, wrong):
+    twin = broken_twin(tmp_path, change, to)
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin)
+    # Every gradient still agrees with finite differences of this forward: only the forward's rows can see it.
+    assert {name for name, v in verdicts(lines).items() if v != "ok"} == wrong
+    assert lines[-1].endswith(f"first {sorted(wrong)[0]}") and "vs gpt.py's" in "\n".join(lines)
+
+
+def test_the_first_wrong_row_names_the_piece_not_what_calls_it(monkeypatch):
+    monkeypatch.setattr(gpt_numpy, "softmax_backward", lambda dout, p: (0.5 * p * (dout - (dout * p).sum(-1, keepdims=True)), {}))
+    lines = []
+    assert not workbook.check(log=lines.append)
+    rows = verdicts(lines)
+    assert rows["attention: dq"] == rows["attention, rope: dk"] == "WRONG"  # the callers turn too
+    assert lines[-1].endswith("first softmax: dx")
+
+
 # ------------------------------------------------------------------------------------ the check against in-place writes
 def cube_forward(x):
     return x * x * x, x
@@ -422,10 +504,20 @@ def test_the_tables_row_turns_for_a_layer_that_scales_dout_in_place(monkeypatch,
 
 
 # ---------------------------------------------------------------------------------------------------- the workbook
-def test_every_exercise_of_the_workbook_turns_the_rows_its_answer_names(tmp_path):
-    exercises = workbook.exercises()
-    assert len(exercises) >= 10
-    for number, exercise in enumerate(exercises, 1):
+def turning(said, tensors):
+    """The tensors an answer says turn: "all", "all but PATTERN, ...", "PATTERN, ..." or nothing."""
+    if said in ("", "all"):
+        return set(tensors) if said else set()
+    patterns = said.removeprefix("all but ").split(", ")
+    named = {t for t in tensors if any(fnmatch.fnmatchcase(t, p) for p in patterns)}
+    assert all(any(fnmatch.fnmatchcase(t, p) for t in tensors) for p in patterns), said  # each pattern names one
+    return set(tensors) - named if said.startswith("all but ") else named
+
+
+def test_every_exercise_of_the_workbook_turns_the_rows_and_tensors_its_answer_names(tmp_path):
+    exercises = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" not in ex]
+    assert len(exercises) >= 18
+    for number, exercise in exercises:
         twin = broken_twin(tmp_path, exercise["change"], exercise["to"])
         lines = []
         assert not workbook.check(log=lines.append, twin=twin), number
@@ -433,6 +525,91 @@ def test_every_exercise_of_the_workbook_turns_the_rows_its_answer_names(tmp_path
         answer = workbook.exercise_text(number, answer=True)
         assert all(name in answer for name in [*exercise["rows"], *exercise["models"]]), answer
         assert exercise["change"] in workbook.exercise_text(number) and "--answer" in workbook.exercise_text(number)
+        # Which tensors of each model turn, as the answer says, and why.
+        rows = verdicts(lines)
+        for block, switches in (("gpt2", GPT2), ("llama", LLAMA)):
+            tensors = gpt_numpy.init_params(workbook.model_config(gpt_numpy, switches))
+            turned = {t for t in tensors if rows[f"model ({block}): {t}"] != "ok"}
+            said = exercise["tensors"].get(block, "")
+            assert turned == turning(said, tensors), (number, block, sorted(turned))
+            assert not said or f"{block}: {said}" in " ".join(answer.split()), answer
+        assert exercise["tensors_why"] in " ".join(answer.split()), answer
+
+
+# A realistic wrong answer to each write exercise, easiest to hardest: a change to the reference body, and the row
+# of --check that must turn WRONG.
+WRONG_ANSWERS = {
+    "gelu_backward": ("0.5 * (1 + t) + 0.5 * x * dt_dx", "0.5 * (1 + t)", "gelu: dx"),  # the product rule's half
+    "swiglu_backward": ("dout * up * (s + gate * s * (1 - s))", "dout * up * s", "swiglu: dgate"),  # silu' as s
+    "linear_backward": ("dout2.T @ x.reshape(-1, x.shape[-1])", "dout[0].T @ x[0]", "linear: dweight"),  # no sum
+    "embedding_backward": ("np.add.at(dweight, idx, dout)", "dweight[idx] = dout", "embedding: dweight"),
+    "crossentropy_backward": ("(dloss / targets.size)", "dloss", "crossentropy: dx"),  # no 1/N
+    "softmax_backward": ("p * (dout - (dout * p).sum(-1, keepdims=True))", "p * dout", "softmax: dx"),  # a term lost
+    "rope_backward": ("rope_forward(dout, cos, -sin)", "rope_forward(dout, cos, sin)", "rope: dx"),  # no transpose
+    "rmsnorm_backward": ("rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))", "rstd * g", "rmsnorm: dx"),
+    "layernorm_backward": ("g - g.mean(-1, keepdims=True) - xhat", "g - xhat", "layernorm: dx"),  # the mean's path
+    "attention_backward": ("dscores.transpose(0, 1, 3, 2) @ q", "dscores @ q", "attention: dk"),  # no transpose
+    "GPT.backward": ('dx = dx + back(block + "ln_1", norm, dh)', 'dx = back(block + "ln_1", norm, dh)',
+                     "model (gpt2): wte.weight"),  # the residual's own path dropped
+}
+
+
+def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_answer_passes(tmp_path):
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
+    writes = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" in ex]
+    assert [ex["function"] for _, ex in writes] == list(WRONG_ANSWERS)  # every backward, the model's last
+    for number, ex in writes:
+        path, made = workbook.start_exercise(number, twin)
+        assert made and path == str(tmp_path / f"exercise_{number}.py")
+        blank = Path(path).read_text(encoding="utf-8")
+        hole = re.search(r"\n( *raise NotImplementedError\(.*\)\n)", blank).group(1)
+        body = workbook.blanked(source, ex["function"])[1]
+        # The body alone is gone: the comments above it, the hint, stay.
+        assert blank.replace(hole, body) == source and body.strip() not in blank
+        # Unwritten, it raises: each of its rows says where, in one line, and the others still run.
+        lines = []
+        assert not workbook.check(twin=imported(path), only=ex["check"], log=lines.append)
+        line = blank[:blank.index(hole)].count("\n") + 1
+        raised = [row for row in lines[1:-1] if row[61:].startswith("ERROR")]
+        assert raised and all(f"NotImplementedError: {ex['function']}: its body is yours to write (in "
+                              f"{ex['function'].split('.')[-1]}, exercise_{number}.py:{line})" in row
+                              for row in raised), lines
+        # The answer shows the reference body, and it passes.
+        assert textwrap.indent(textwrap.dedent(body), "    ").rstrip() in workbook.exercise_text(number, answer=True)
+        Path(path).write_text(blank.replace(hole, body), encoding="utf-8")
+        lines = []
+        assert workbook.check(twin=imported(path), only=ex["check"], log=lines.append), lines
+        # A realistic wrong answer is WRONG at its row.
+        change, to, row = WRONG_ANSWERS[ex["function"]]
+        assert body.count(change) == 1, change
+        Path(path).write_text(blank.replace(hole, body.replace(change, to)), encoding="utf-8")
+        lines = []
+        assert not workbook.check(twin=imported(path), only=ex["check"], log=lines.append,
+                                  models=ex["check"] == "model")
+        assert verdicts(lines)[row] == "WRONG", (number, lines)
+        assert re.search(f"first {re.escape(row)}$", lines[-1]) or ex["check"] == "model", lines[-1]
+        # The learner's work is never written over.
+        assert workbook.start_exercise(number, twin) == (path, False)
+        assert body.replace(change, to) in Path(path).read_text(encoding="utf-8")
+
+
+def test_the_learners_loop_from_the_command_line(twin_dir):
+    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+    number = next(n for n, ex in enumerate(workbook.exercises(), 1) if ex["function"] == "softmax_backward" and "check" in ex)
+    started = run_cli("gpt_numpy.py", "--exercise", str(number), cwd=twin_dir)
+    assert started.returncode == 0 and f"python exercise_{number}.py --check softmax" in started.stdout, started
+    listed = run_cli("gpt_numpy.py", "--exercise", "list", cwd=twin_dir).stdout
+    assert f"{number}. softmax_backward: write softmax's backward" in listed
+    graded = run_cli(f"exercise_{number}.py", "--check", "softmax", cwd=twin_dir)
+    assert graded.returncode == 1 and "Traceback" not in graded.stderr, graded.stderr
+    assert re.search(rf"softmax: dx +ERROR  NotImplementedError: .* \(in softmax_backward, "
+                     rf"exercise_{number}.py:\d+\)\n", graded.stdout), graded.stdout
+    assert graded.stdout.rstrip().endswith("ERROR: first softmax: dx")
+    answer = run_cli("gpt_numpy.py", "--exercise", str(number), "--answer", cwd=twin_dir)
+    assert "    return p * (dout - (dout * p).sum(-1, keepdims=True)), {}" in answer.stdout
+    again = run_cli("gpt_numpy.py", "--exercise", str(number), cwd=twin_dir)
+    assert again.returncode == 0 and "is there already, your work in it: it is kept" in again.stdout
 
 
 def test_the_workbook_from_the_command_line(capsys):

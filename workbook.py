@@ -213,13 +213,17 @@ def raised_here(error, twin):
 @np.errstate(all="ignore")
 def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **params):
     """[Row for x, then for each parameter]: twin.layer_gradients in float64, each row ok or WRONG
-    with its largest relative error and the tolerance; one ERROR row if forward or backward raises.
-    A layer of several inputs gets them as a dict, {"gate": g, "up": u}, in its forward's order."""
+    with its largest relative error and the tolerance; if forward or backward raises, each row
+    ERROR, saying where. A layer of several inputs gets them as a dict, {"gate": g, "up": u}, in
+    its forward's order."""
     inputs = x if isinstance(x, dict) else {"x": x}
     try:
         found = twin.layer_gradients(forward, backward, inputs, params, seed)
     except Exception as e:
-        return [Row("backward", raised=raised_here(e, twin))]
+        raised = raised_here(e, twin)
+        # Integers, the embedding's indices, have no gradient and no row.
+        names = [name for name, value in inputs.items() if np.asarray(value).dtype.kind == "f"]
+        return [Row(name, raised=raised) for name in names + list(params)]
     return [compared(name, grad, numeric, tolerance) for name, grad, numeric in found]
 
 
@@ -355,11 +359,12 @@ CHECKS = {
 
 
 @np.errstate(all="ignore")
-def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None):
+def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None, models=True):
     """Checks every layer's backward alone, the simplest first, then for a GPT-2 and a Llama block
     the forward (causality, known logits) and every gradient of the model, against finite
     differences in float64. only: a name of CHECKS, for that layer's rows and the models that use
-    it. Logs one table, every row to the end whatever breaks; returns whether every row is ok."""
+    it; models=False, the layer rows alone. Logs one table, every row to the end whatever breaks;
+    returns whether every row is ok."""
     rng = np.random.default_rng(0)
 
     def randn(*shape):
@@ -395,6 +400,7 @@ def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None):
     ]
     names = [only, *CHECKS[only][0]] if only is not None else [layer[0] for layer in layers]
     blocks = CHECKS[only][1] if only is not None else ("gpt2", "llama")
+    blocks = blocks if models else ()
     log(f"{'layer input, or model tensor':44s} {'max rel. error':>14s}")
     rows = []
 
@@ -408,7 +414,7 @@ def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None):
             continue
         layer_rows = check_layer(forward, backward, x, tolerance=tolerance, twin=twin, **params)
         for row in layer_rows:
-            row.name = f"{name}: d{row.name}" if row.raised is None else f"{name}: {row.name}"
+            row.name = f"{name}: d{row.name}"
         show(layer_rows)
     for block, switches in (("gpt2", GPT2), ("llama", LLAMA)):
         if block in blocks:
