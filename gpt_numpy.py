@@ -57,14 +57,15 @@ class GPTConfig:
     mlp: str = "swiglu"
 
 
-# -------------------------------------------------------------------------- how a backward is checked
+# ------------------------------------------------------------------------ how a backward is checked
 # A layer maps its input x to out, and the loss depends on out in some way the layer cannot know.
-# Any way will do for a check: draw a fixed random array dout of out's shape and take the "fake
-# loss" L = sum(out * dout). Its gradient at out is exactly dout, so backward(dout, saved) must give
-# dL/dx. And L is a number we can compute for any x: nudge one entry of x by +h, then by -h, and
-# (L(x + h) - L(x - h)) / 2h is dL/dx at that entry, to within about h^2 ("central finite
-# differences"). The two must agree at every entry of every input and every parameter. In float64,
-# with h = 1e-6, a right gradient agrees to about 1e-9 of its size; a wrong one, by far less.
+# Any way will do for a check. Draw a fixed random array dout of out's shape, and take the
+# "fake loss" L = sum(out * dout): its gradient at out is exactly dout, so backward(dout, saved)
+# must give dL/dx. And L is a number we can compute for any x: nudge one entry of x by +h, then by
+# -h, and (L(x + h) - L(x - h)) / 2h is dL/dx at that entry, to within about h^2: the
+# "central finite differences". The two must agree at every entry of every input and parameter.
+# In float64, with h = 1e-6, a right gradient agrees to about 1e-9 of its size; a wrong one, by
+# far less.
 def numerical_gradient(loss, value, entries, h=1e-6):
     """Central differences, (loss() at value[i] + h, less loss() at value[i] - h) / 2h, for each
     entry i; value is changed in place, and restored."""
@@ -288,6 +289,7 @@ def layernorm_backward(dout, saved):
     xhat, rstd, weight, has_bias = saved
     positions = tuple(range(dout.ndim - 1))
     g = dout * weight  # (B, T, C)
+    # The three paths summed: (B, T, C)
     dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
     dparams = {"weight": (dout * xhat).sum(positions)}  # (C,)
     if has_bias:
@@ -411,8 +413,8 @@ def attention_backward(dout, saved):
     dq = dscores @ k * scale  # (B, nh, T, hs)
     dk = dscores.transpose(0, 1, 3, 2) @ q * scale  # (B, nh, T, hs)
     if rope is not None:
-        dq = rope_backward(dq, rope)[0]
-        dk = rope_backward(dk, rope)[0]
+        dq = rope_backward(dq, rope)[0]  # (B, nh, T, hs)
+        dk = rope_backward(dk, rope)[0]  # (B, nh, T, hs)
     dq = dq.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
     dk = dk.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
     dv = dv.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
@@ -539,7 +541,7 @@ class GPT:
             else:
                 dh = back(block + "mlp.act", gelu_backward, dh)  # (B, T, hidden)
                 dh = back(block + "mlp.c_fc", linear_backward, dh)  # (B, T, C)
-            dx = dx + back(block + "ln_2", norm, dh)
+            dx = dx + back(block + "ln_2", norm, dh)  # (B, T, C)
             dh = back(block + "attn.c_proj", linear_backward, dx)  # (B, T, C)
             dq, dk, dv = back(block + "attn", attention_backward, dh)  # (B, T, C) each
             # q, k and v were three maps of the same h: as at the residual stream, a value used by
@@ -547,7 +549,7 @@ class GPT:
             dh = back(block + "attn.c_v", linear_backward, dv)  # (B, T, C)
             dh = dh + back(block + "attn.c_k", linear_backward, dk)  # (B, T, C)
             dh = dh + back(block + "attn.c_q", linear_backward, dq)  # (B, T, C)
-            dx = dx + back(block + "ln_1", norm, dh)
+            dx = dx + back(block + "ln_1", norm, dh)  # (B, T, C)
         if cfg.pos == "learned":
             # The same rows were added to every sequence (rule 2).
             back("wpe", embedding_backward, dx.sum(0))

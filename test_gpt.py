@@ -2,6 +2,7 @@
 import ast
 import dataclasses
 import io
+import json
 import math
 import os
 import re
@@ -727,6 +728,24 @@ def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it(name)
     assert set(outputs) <= set(douts) and douts["loss"] == 1.0
     for name, out in outputs.items():
         np.testing.assert_allclose(douts[name], out.grad.numpy(), rtol=1e-10, atol=1e-12 * out.grad.abs().max().item())
+
+
+def test_gpt_py_gives_the_known_logits_the_twins_check_holds_its_forward_to():
+    # fixtures/twin_logits.json, made once by fixtures/make_twin_logits.py from gpt.py with weights of a formula.
+    with open(workbook.KNOWN_LOGITS, encoding="utf-8") as f:
+        known = json.load(f)
+    assert known["ids"] == workbook.fixed_ids().tolist()
+    for block, switches in (("gpt2", workbook.GPT2), ("llama", workbook.LLAMA)):
+        config = gpt.GPTConfig(vocab_size=workbook.V, block_size=workbook.T, n_layer=2, n_head=workbook.NH,
+                               n_embd=workbook.C, **switches)
+        model = gpt.GPT(config).double()
+        weights = {n: torch.from_numpy(w) for n, w in workbook.fixed_weights(config).items()}
+        assert set(weights) == {n for n, _ in model.named_parameters()}
+        model.load_state_dict(weights, strict=False)
+        logits = model(torch.from_numpy(workbook.fixed_ids()))[0].detach().numpy()
+        expected = np.array(known["logits"][block])
+        assert gpt_numpy.rel_error(logits, expected) <= 1e-10, block
+        assert np.abs(logits).max() > 0.1 and np.abs(logits[0, 1] - logits[0, 2]).max() > 0.01  # not all alike
 
 
 def test_the_twin_forms_the_same_attention_weights():

@@ -5,6 +5,7 @@ Its agreement with PyTorch is in test_gpt.py.
 import importlib.util
 import json
 import math
+import ast
 import fnmatch
 import os
 import re
@@ -81,6 +82,42 @@ def test_the_twin_runs_gpt2s_weights():
     ids, expected = fixture_logits()
     np.testing.assert_allclose(twin.forward(ids.numpy())[0], expected.numpy(), rtol=1e-4,
                                atol=1e-5 * expected.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------------- the lesson
+def test_gpt_numpy_is_the_lesson_alone_read_in_the_order_it_is_learned():
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    lines = source.splitlines()
+    assert len(lines) <= 650
+    # The two rules, numbered where they are stated, and cited by those numbers alone.
+    assert "Rule 1. A value used twice gets the sum of its gradients" in source
+    assert "Rule 2. A broadcast in the forward is a sum in the backward" in source
+    cited = re.findall(r"\brule (\d)", source)
+    assert len(cited) >= 8 and set(cited) == {"1", "2"}, cited
+    # How a backward is checked (the fake loss, finite differences) before the first layer, the layers before the model,
+    # the model's forward before its backward.
+    order = [source.index(text) for text in ('"fake loss"', '"central finite', "def numerical_gradient",
+                                             "def layer_gradients", "def linear_forward", "def softmax_backward",
+                                             "def rope_forward", "def attention_backward", "class GPT:",
+                                             "def forward(self", "def backward(self")]
+    assert order == sorted(order)
+    # RoPE's forward explained: why channel j pairs with j + hs/2, why [-x2, x1] is a turn.
+    above_rope = source[source.index("# Rotary positions"):source.index("def rope_forward")]
+    assert "Channel j pairs with j + hs/2" in above_rope and "[-x2, x1] turns every pair a right angle" in above_rope
+    # A derivation above each backward, and the shape of each gradient it makes beside it (or just above).
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("backward"):
+            assert lines[node.lineno - 2].lstrip().startswith("#"), node.name
+            for number in range(node.body[0].lineno, node.end_lineno + 1):
+                line = lines[number - 1]
+                if re.match(r"\s*d(?!outs\b)\w+ \+?= ", line):
+                    assert "# (" in line or lines[number - 2].strip().endswith(")"), (node.name, line)
+    # What is not the lesson is in workbook.py: sampling, the optimizers, the check's table, the workbook, the demo.
+    for name in ("generate", "filter_logits", "AdamW", "Muon", "newton_schulz", "Row", "check", "check_model",
+                 "exercises", "main"):
+        assert hasattr(workbook, name) and not hasattr(gpt_numpy, name), name
+    assert not hasattr(gpt_numpy.GPT, "generate")
 
 
 # ------------------------------------------------------------------------------------------------ a weight for each map
@@ -197,7 +234,8 @@ def swiglu_without_the_gates_sigmoid(dout, saved):
      "crossentropy: dx"),  # the 1/N dropped
     ("gelu_backward", lambda dout, saved: (dout * 0.5 * (1 + saved[1]), {}), "gelu: dx"),  # half the product rule
     ("swiglu_backward", swiglu_without_the_gates_sigmoid, "swiglu: dgate"),
-    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "rope: dx"),  # the piece, checked before the attention that calls it
+    # the piece, checked before the attention that calls it
+    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "rope: dx"),
 ])
 def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch, name, broken, first_wrong):
     monkeypatch.setattr(gpt_numpy, name, broken)
@@ -331,7 +369,8 @@ def test_a_model_gradient_of_zeros_is_wrong_where_the_true_one_is_not(tmp_path):
 def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches_and_the_rest_run(tmp_path):
     change = "return p * (dout - (dout * p).sum(-1, keepdims=True)), {}"
     twin = broken_twin(tmp_path, change, "return p * (dout - (dout * p).sum(-1)), {}")  # a lost keepdims
-    line = Path(twin.__file__).read_text(encoding="utf-8").split(change.replace(", keepdims=True", ""))[0].count("\n") + 1
+    source = Path(twin.__file__).read_text(encoding="utf-8")
+    line = source.split(change.replace(", keepdims=True", ""))[0].count("\n") + 1
     lines = []
     assert not workbook.check(log=lines.append, twin=twin)
     rows = verdicts(lines)
@@ -354,7 +393,8 @@ def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches
      "softmax: dx .* WRONG  the sign$"),
     ("gelu_backward", lambda dout, saved, right=gpt_numpy.gelu_backward: (0.5 * right(dout, saved)[0], {}),
      "gelu: dx .* WRONG  off by a factor of 0.5$"),
-    ("rmsnorm_backward", lambda dout, saved: (2 * saved[1] * dout * saved[2], {"weight": (dout * saved[0]).sum((0, 1))}),
+    ("rmsnorm_backward", lambda dout, saved: (2 * saved[1] * dout * saved[2],
+                                              {"weight": (dout * saved[0]).sum((0, 1))}),
      r"rmsnorm: dx .* WRONG  first entries that differ, ours vs finite differences: -?\d\.\d+(e-\d+)? vs -?\d"),
 ])
 def test_a_wrong_row_says_its_constant_factor_or_its_first_entries(monkeypatch, name, broken, says):
@@ -382,7 +422,8 @@ def test_check_name_runs_one_layers_rows_then_what_calls_it_and_the_models_that_
     with pytest.raises(SystemExit) as exit_info:
         workbook.main(["--check", "layer_norm"])
     message = capsys.readouterr().err
-    assert exit_info.value.code == 2 and message.count("\n") == 1 and "'layernorm'" in message and "'layer_norm'" in message
+    assert exit_info.value.code == 2 and message.count("\n") == 1
+    assert "'layernorm'" in message and "'layer_norm'" in message
 
 
 @pytest.mark.parametrize("change, to, wrong", [
@@ -400,7 +441,8 @@ def test_a_forward_that_has_left_gpt_py_fails_the_forward_rows(tmp_path, change,
 
 
 def test_the_first_wrong_row_names_the_piece_not_what_calls_it(monkeypatch):
-    monkeypatch.setattr(gpt_numpy, "softmax_backward", lambda dout, p: (0.5 * p * (dout - (dout * p).sum(-1, keepdims=True)), {}))
+    half = lambda dout, p: (0.5 * p * (dout - (dout * p).sum(-1, keepdims=True)), {})
+    monkeypatch.setattr(gpt_numpy, "softmax_backward", half)
     lines = []
     assert not workbook.check(log=lines.append)
     rows = verdicts(lines)
@@ -596,7 +638,8 @@ def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_an
 
 def test_the_learners_loop_from_the_command_line(twin_dir):
     shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
-    number = next(n for n, ex in enumerate(workbook.exercises(), 1) if ex["function"] == "softmax_backward" and "check" in ex)
+    number = next(n for n, ex in enumerate(workbook.exercises(), 1)
+                  if ex["function"] == "softmax_backward" and "check" in ex)
     started = run_cli("gpt_numpy.py", "--exercise", str(number), cwd=twin_dir)
     assert started.returncode == 0 and f"python exercise_{number}.py --check softmax" in started.stdout, started
     listed = run_cli("gpt_numpy.py", "--exercise", "list", cwd=twin_dir).stdout
@@ -677,6 +720,8 @@ WORKBOOK = Path(HERE, "workbook.json").read_bytes()
     pytest.param(without(2, "title"), 'is broken (exercise 2 has no "title")', id="no title"),
     pytest.param(changed(3, "rows", []), 'is broken (exercise 3\'s "rows" is a list, not an object)', id="rows"),
     pytest.param(changed(4, "why", None), 'is broken (exercise 4\'s "why" is null, not text)', id="why"),
+    pytest.param(changed(19, "check", "layer_norm"),
+                 "exercise 19's \"check\" is 'layer_norm', not a name --check takes", id="check"),
     pytest.param(changed(5, "models", {"gpt2": "wrong"}), "gives gpt2 the verdict 'wrong', not \"WRONG\" or \"ERROR\"",
                  id="verdict"),
 ])
@@ -700,8 +745,9 @@ def test_the_workbook_as_it_comes_passes_its_own_shape_check():
 @pytest.mark.parametrize("content, match", [
     (None, "there is no such file"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),
     (bytes(range(256)) * 40, "it is not UTF-8 text"),
+    (b"\0" * 2000 + TEXT[:2000].encode(), "holds NUL bytes, so it is binary data, not a text"),  # valid UTF-8
     (b"", "has 0 characters"), (b"a", "has 1 characters"), (b"hello world", "has 11 characters"),
-], ids=["missing", "folder", "device", "binary", "empty", "one character", "eleven characters"])
+], ids=["missing", "folder", "device", "binary", "NULs", "empty", "one character", "eleven characters"])
 def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, content, match):
     path = tmp_path / "text"
     if content == "/dev/zero":

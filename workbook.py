@@ -1,5 +1,5 @@
-"""What gpt_numpy.py, the lesson, is used with, in NumPy alone: sampling, AdamW and Muon, the check's
-table, the workbook of exercises and the demo's command line (python gpt_numpy.py ...)."""
+"""What gpt_numpy.py, the lesson, is used with, in NumPy alone: sampling, AdamW and Muon, the
+check's table, the workbook of exercises and the demo's command line (python gpt_numpy.py ...)."""
 import argparse
 import ast
 import json
@@ -726,7 +726,8 @@ def main(argv=None, twin=gpt_numpy):
     n_params = sum(w.size for w in model.params.values())
     print(f"training a {n_params:,}-parameter GPT ({config.n_layer} layers, {config.n_embd} wide, "
           f"context {T}) on {path} with NumPy alone, for {seconds:g} s")
-    print("untrained, it writes: " + repr(decode(generate(model, prompt, 60, generator=rng)[0, 1:])))
+    untrained = decode(generate(model, prompt, 60, generator=rng)[0, 1:])
+    print(f"untrained, it writes: {untrained!r}")
     t0 = time.time()
     step = 0
     last_report = 0.0
