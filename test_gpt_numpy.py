@@ -636,23 +636,37 @@ def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_an
         assert body.replace(change, to) in Path(path).read_text(encoding="utf-8")
 
 
-def test_the_learners_loop_from_the_command_line(twin_dir):
+def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir):
     shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
-    number = next(n for n, ex in enumerate(workbook.exercises(), 1)
-                  if ex["function"] == "softmax_backward" and "check" in ex)
-    started = run_cli("gpt_numpy.py", "--exercise", str(number), cwd=twin_dir)
-    assert started.returncode == 0 and f"python exercise_{number}.py --check softmax" in started.stdout, started
-    listed = run_cli("gpt_numpy.py", "--exercise", "list", cwd=twin_dir).stdout
-    assert f"{number}. softmax_backward: write softmax's backward" in listed
-    graded = run_cli(f"exercise_{number}.py", "--check", "softmax", cwd=twin_dir)
+    readme = Path(HERE, "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```\n(.*?)```", readme[readme.index("**The workbook**"):], re.S).group(1)
+    commands = [line.split("#")[0].split()[1:] for line in block.splitlines()]
+    assert [c[0] for c in commands] == ["gpt_numpy.py", "gpt_numpy.py", "exercise_24.py", "gpt_numpy.py"], commands
+    listed = run_cli(*commands[0], cwd=twin_dir).stdout
+    # 18 to break a line, then 11 to write a body.
+    kinds = ["check" in ex for ex in workbook.exercises()]
+    assert listed.count("\n") == len(kinds) == 29 and kinds == [False] * 18 + [True] * 11
+    assert "\n24. softmax_backward: write softmax's backward\n" in listed
+    started = run_cli(*commands[1], cwd=twin_dir)
+    assert started.returncode == 0 and "python exercise_24.py --check softmax" in started.stdout, started
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    assert (twin_dir / "exercise_24.py").read_text(encoding="utf-8") == workbook.blanked(source, "softmax_backward")[0]
+    graded = run_cli(*commands[2], cwd=twin_dir)
     assert graded.returncode == 1 and "Traceback" not in graded.stderr, graded.stderr
-    assert re.search(rf"softmax: dx +ERROR  NotImplementedError: .* \(in softmax_backward, "
-                     rf"exercise_{number}.py:\d+\)\n", graded.stdout), graded.stdout
+    assert re.search(r"softmax: dx +ERROR  NotImplementedError: .* \(in softmax_backward, exercise_24.py:\d+\)\n",
+                     graded.stdout), graded.stdout
     assert graded.stdout.rstrip().endswith("ERROR: first softmax: dx")
-    answer = run_cli("gpt_numpy.py", "--exercise", str(number), "--answer", cwd=twin_dir)
-    assert "    return p * (dout - (dout * p).sum(-1, keepdims=True)), {}" in answer.stdout
-    again = run_cli("gpt_numpy.py", "--exercise", str(number), cwd=twin_dir)
+    answer = run_cli(*commands[3], cwd=twin_dir)
+    body = "    return p * (dout - (dout * p).sum(-1, keepdims=True)), {}"
+    assert answer.returncode == 0 and body in answer.stdout, answer
+    # The body written as the answer has it, the same check passes.
+    again = run_cli(*commands[1], cwd=twin_dir)
     assert again.returncode == 0 and "is there already, your work in it: it is kept" in again.stdout
+    mine = twin_dir / "exercise_24.py"
+    mine.write_text(mine.read_text(encoding="utf-8").replace(
+        '    raise NotImplementedError("softmax_backward: its body is yours to write")\n', f"    p = saved\n{body}\n"))
+    graded = run_cli(*commands[2], cwd=twin_dir)
+    assert graded.returncode == 0 and graded.stdout.rstrip().endswith("ok, 0 WRONG, 0 ERROR"), graded.stdout
 
 
 def test_the_workbook_from_the_command_line(capsys):
