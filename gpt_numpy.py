@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
+# gpt.GPTConfig's fields and defaults (a test holds them equal): either class works here.
 @dataclass
 class GPTConfig:
     vocab_size: int = 65
@@ -64,8 +65,8 @@ class GPTConfig:
 # must give dL/dx. And L is a number we can compute for any x: nudge one entry of x by +h, then by
 # -h, and (L(x + h) - L(x - h)) / 2h is dL/dx at that entry, to within about h^2: the
 # "central finite differences". The two must agree at every entry of every input and parameter.
-# In float64, with h = 1e-6, a right gradient agrees to about 1e-9 of its size; a wrong one, by
-# far less.
+# In float64, with h = 1e-6, a right gradient agrees to about 1e-9 of its size; a wrong one is
+# off by far more.
 def numerical_gradient(loss, value, entries, h=1e-6):
     """Central differences, (loss() at value[i] + h, less loss() at value[i] - h) / 2h, for each
     entry i; value is changed in place, and restored."""
