@@ -109,7 +109,10 @@ def layer_gradients(forward, backward, inputs, params, seed=0):
 
     out, saved = run_forward()
     dout = np.random.default_rng(seed).standard_normal(np.shape(out))
-    dx, dparams = backward(np.copy(dout), saved)
+    returned = backward(np.copy(dout), saved)
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        raise ValueError("a backward returns a pair: (dx, {parameter's name: its gradient})")
+    dx, dparams = returned
     # One input's dx on its own; several inputs' as a tuple.
     dxs = list(dx) if len(inputs) > 1 else [dx]
     if len(dxs) != len(inputs):

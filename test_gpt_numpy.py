@@ -324,6 +324,8 @@ def test_check_layer_answers_as_the_table_does():
     assert right.error < 1e-8 and wrong.error > 0.1 and nan.error == math.inf
     assert re.fullmatch(r"x: ok \(\d\.\de-\d\d, at most 1e-06\)", repr(right)), repr(right)
     assert repr(wrong).startswith("x: WRONG (") and "shape (4,), not x's (4, 5)" in repr(raised)
+    [unpaired] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: dout * 3 * x ** 2, x)  # no dparams
+    assert "ERROR (ValueError: a backward returns a pair: (dx, {" in repr(unpaired), repr(unpaired)
 
 
 def test_check_runs_where_torch_cannot_be_imported():

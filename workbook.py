@@ -212,13 +212,14 @@ def raised_here(error, twin):
 # A broken backward's NaN or overflow makes a WRONG row, and no warning beside it.
 @np.errstate(all="ignore")
 def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **params):
-    """[Row for x, then for each parameter]: twin.layer_gradients in float64, each row ok or WRONG
-    with its largest relative error and the tolerance; if forward or backward raises, each row
-    ERROR, saying where. A layer of several inputs gets them as a dict, {"gate": g, "up": u}, in
+    """[Row for x, then for each parameter]: gpt_numpy.layer_gradients in float64, each row ok or
+    WRONG with its largest relative error and the tolerance; if forward or backward raises, each
+    row ERROR, saying where in twin's file (a learner's copy) it did. A layer of several inputs gets them as a dict, {"gate": g, "up": u}, in
     its forward's order."""
     inputs = x if isinstance(x, dict) else {"x": x}
     try:
-        found = twin.layer_gradients(forward, backward, inputs, params, seed)
+        # gpt_numpy's own check, never the learner's copy of it: a row points at the learner's code.
+        found = gpt_numpy.layer_gradients(forward, backward, inputs, params, seed)
     except Exception as e:
         raised = raised_here(e, twin)
         # Integers, the embedding's indices, have no gradient and no row.
@@ -278,7 +279,7 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
     for name, w in params.items():
         name_of_row = f"model ({block}): {name}"
         try:
-            numeric = twin.numerical_gradient(loss, w, picked[name])
+            numeric = gpt_numpy.numerical_gradient(loss, w, picked[name])
             analytic = np.array([grads[name][i] for i in picked[name]])
             # With numeric's own scale: a gradient of zeros is never right where it is not.
             scale = max(np.abs(grads[name]).max(), np.abs(numeric).max(), floor)
@@ -576,8 +577,8 @@ def exercise_text(number, answer=False):
 
 
 def start_exercise(number, twin=gpt_numpy):
-    """Makes the learner's copy for a write exercise beside twin's file, unless one is there
-    already (the learner's work, kept); returns its path and whether it was made."""
+    """Makes the learner's copy of twin (gpt_numpy) for a write exercise beside it, unless one is
+    there already (the learner's work, kept); returns its path and whether it was made."""
     ex = exercises()[number - 1]
     path = os.path.join(os.path.dirname(os.path.abspath(twin.__file__)), copy_name(number))
     if os.path.lexists(path):
@@ -680,7 +681,8 @@ def main(argv=None, twin=gpt_numpy):
                      f"{args.exercise!r}")
         if "check" in found[number - 1] and not args.answer:
             try:
-                path, made = start_exercise(number, twin)
+                # From gpt_numpy.py itself, beside it, whichever copy runs the command.
+                path, made = start_exercise(number)
             except ValueError as e:
                 sys.exit(f"error: {e}")
             if not made:
