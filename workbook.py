@@ -186,13 +186,15 @@ def how_wrong(ours, reference, versus="finite differences"):
     norm = reference @ reference
     if norm > 0:
         factor = (ours @ reference) / norm
-        # Ours is the right one times a constant, to within the differences' own error.
-        if np.abs(ours - factor * reference).max() <= 1e-5 * np.abs(ours).max():
+        # Ours is the right one times a constant, to within the differences' own error; a factor
+        # of about 1 says nothing.
+        close = np.abs(ours - factor * reference).max() <= 1e-5 * np.abs(ours).max()
+        if close and abs(factor - 1) > 1e-3:
             return "the sign" if abs(factor + 1) < 1e-6 else f"off by a factor of {factor:.4g}"
     # The first entries that differ by more than a millionth of the largest.
     differ = np.abs(ours - reference) > 1e-6 * max(np.abs(ours).max(), np.abs(reference).max())
     first = np.flatnonzero(differ)[:3]
-    pairs = ", ".join(f"{ours[i]:.4g} vs {reference[i]:.4g}" for i in first)
+    pairs = ", ".join(f"{ours[i]:.6g} vs {reference[i]:.6g}" for i in first)
     return f"first entries that differ, ours vs {versus}: {pairs}"
 
 
@@ -214,8 +216,8 @@ def raised_here(error, twin):
 def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **params):
     """[Row for x, then for each parameter]: gpt_numpy.layer_gradients in float64, each row ok or
     WRONG with its largest relative error and the tolerance; if forward or backward raises, each
-    row ERROR, saying where in twin's file (a learner's copy) it did. A layer of several inputs gets them as a dict, {"gate": g, "up": u}, in
-    its forward's order."""
+    row ERROR, saying where in twin's file (a learner's copy) it did. A layer of several inputs
+    gets them as a dict, {"gate": g, "up": u}, in its forward's order."""
     inputs = x if isinstance(x, dict) else {"x": x}
     try:
         # gpt_numpy's own check, never the learner's copy of it: a row points at the learner's code.
