@@ -1,19 +1,18 @@
 """gpt.py's model in NumPy alone, with every gradient written out by hand: a GPT to learn backprop
-from.
+from. Read it top to bottom, in the order it is learned:
+  1. How a backward is checked: a fake loss and finite differences, with NumPy alone.
+  2. The layers, each a *_forward and a *_backward, from the plainest (linear, with the matmul
+     rule every product follows) to attention. Above each backward, the maths it follows, with
+     the shape of every gradient.
+  3. GPT.forward, the model as gpt.py has it, one *_forward call per layer; then GPT.backward, the
+     same calls in reverse, one *_backward per layer.
 
-How to read it
-  1. GPT.forward, top to bottom: the model as gpt.py has it, one *_forward call per layer.
-  2. GPT.backward: the same calls in reverse, one *_backward per layer. Each is handed the gradient
-     of the loss at its layer's output and returns the gradients at that layer's input and
-     parameters.
-  3. The layers, in the order backprop meets them: crossentropy, linear (the output head), the
-     norms, the MLP's activations (gelu, swiglu), attention with its softmax and rope, and last the
-     embedding. Above each backward, the maths it follows.
-  Two rules do most of the work, everywhere:
-  - A value used twice gets the sum of its gradients: the residual stream, the tied embedding, the
-    normed input that c_q, c_k and c_v all map, x in x * x.
-  - A broadcast in the forward is a sum in the backward, over the axes it was repeated along: a
-    bias added at every position, a norm's gain, the position embedding added to every sequence.
+Two rules do most of the work, and the comments cite them by number:
+  Rule 1. A value used twice gets the sum of its gradients: the residual stream, the tied
+          embedding, the normed input that c_q, c_k and c_v all map, x in x * x.
+  Rule 2. A broadcast in the forward is a sum in the backward, over the axes it was repeated along:
+          a bias added at every position, a norm's gain, the position embedding added to every
+          sequence.
 
 One calling convention for every layer:
     out, saved = name_forward(x, weight=w, bias=b)  # the layer's parameters as keywords
@@ -25,24 +24,16 @@ One calling convention for every layer:
   what the backward needs from the forward. The parameters are named as gpt.py names them (wte,
   wpe, h.0.attn.c_q.weight, ...), so that gpt.GPT's weights, GPT-2's too, run here as they are.
 
-Check every backward with NumPy alone, or one of your own with check_layer (its docstring shows
-how):
-    python gpt_numpy.py --check                # each layer alone, then the whole model, against
-                                               # finite differences: every row ok, WRONG or ERROR
-    python gpt_numpy.py --exercise list        # the workbook: break a line of a backward, predict
-                                               # the rows that turn, run the check (--exercise N)
-    python gpt_numpy.py [PATH] [--seconds N]   # trains a tiny GPT on PATH (input.txt) for N
-                                               # seconds (60), then samples
+The command lines (workbook.py, beside this file, holds them and everything that is not the lesson):
+    python gpt_numpy.py --check [NAME]         # every backward, or one layer's (NAME as the table
+                                               # prints it), against finite differences
+    python gpt_numpy.py --exercise list        # the workbook: write a backward, or break one
+    python gpt_numpy.py [PATH] [--seconds N]   # trains a tiny GPT on PATH (input.txt), then samples
 test_gpt.py also holds every gradient here to PyTorch's autograd.
 """
-import argparse
 import collections
-import json
 import math
-import os
 import sys
-import textwrap
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,27 +58,84 @@ class GPTConfig:
     mlp: str = "swiglu"
 
 
-# ----------------------------------------------------------------------------------------- layers
-def crossentropy_forward(logits, targets):
-    m = logits.max(-1, keepdims=True)
-    # log-sum-exp, less the max: stable for large logits.
-    logz = m + np.log(np.exp(logits - m).sum(-1, keepdims=True))  # (B, T, 1)
-    picked = np.take_along_axis(logits, targets[..., None], axis=-1)  # (B, T, 1)
-    # The mean over the B*T positions of -log p(target).
-    loss = (logz - picked).mean()
-    return loss, (np.exp(logits - logz), targets)
+# ------------------------------------------------------------------------ how a backward is checked
+# A layer maps its input x to out, and the loss depends on out in some way the layer cannot know.
+# Any way will do for a check. Draw a fixed random array dout of out's shape, and take the
+# "fake loss" L = sum(out * dout): its gradient at out is exactly dout, so backward(dout, saved)
+# must give dL/dx. And L is a number we can compute for any x: nudge one entry of x by +h, then by
+# -h, and (L(x + h) - L(x - h)) / 2h is dL/dx at that entry, to within about h^2: the
+# "central finite differences". The two must agree at every entry of every input and parameter.
+# In float64, with h = 1e-6, a right gradient agrees to about 1e-9 of its size; a wrong one is
+# off by far more.
+def numerical_gradient(loss, value, entries, h=1e-6):
+    """Central differences, (loss() at value[i] + h, less loss() at value[i] - h) / 2h, for each
+    entry i; value is changed in place, and restored."""
+    grad = np.zeros(len(entries))
+    for n, i in enumerate(entries):
+        kept = value[i]
+        value[i] = kept + h
+        up = loss()
+        value[i] = kept - h
+        down = loss()
+        value[i] = kept
+        grad[n] = (up - down) / (2 * h)
+    return grad
 
 
-# loss = mean over the N = B*T positions of (logz - logits[target]), where
-# logz = log sum_j e^logits_j, whose derivative is softmax(logits) = p. So at each position
-# dlogits = (p - onehot(target)) / N, times dloss (1 at the top).
-def crossentropy_backward(dloss, saved):
-    probs, targets = saved
-    onehot = np.eye(probs.shape[-1], dtype=probs.dtype)[targets]  # (B, T, vocab_size)
-    dlogits = (probs - onehot) * (dloss / targets.size)  # (B, T, vocab_size)
-    return dlogits, {}
+def rel_error(ours, reference, scale=None):
+    """The largest entry's error, relative to the gradient's scale: max|a - b| / scale, where scale
+    is by default the larger of max|a| and max|b|. inf where either holds a NaN or an inf: such a
+    gradient is never right."""
+    ours = np.asarray(ours, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    if not (np.isfinite(ours).all() and np.isfinite(reference).all()):
+        return math.inf
+    if scale is None:
+        scale = max(np.abs(ours).max(), np.abs(reference).max())
+    return float(np.abs(ours - reference).max() / scale) if scale > 0 else 0.0
 
 
+def layer_gradients(forward, backward, inputs, params, seed=0):
+    """[(name, backward's gradient, finite differences')] for each of the inputs, {name: array} in
+    the order forward takes them, and each of the params, with the fake loss sum(out * dout). For
+    a backward of your own, x ** 3 say: forward(x) returns (x ** 3, x) and backward(dout, x)
+    returns (dout * 3 * x ** 2, {}); rel_error tells how far each pair is apart."""
+
+    def run_forward():
+        # Fresh copies at every call: a layer that writes into its arrays in place cannot move what
+        # the differences measure, nor dout.
+        copies = {key: np.copy(value) for key, value in params.items()}
+        return forward(*[np.copy(value) for value in inputs.values()], **copies)
+
+    out, saved = run_forward()
+    dout = np.random.default_rng(seed).standard_normal(np.shape(out))
+    returned = backward(np.copy(dout), saved)
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        raise ValueError("a backward returns a pair: (dx, {parameter's name: its gradient})")
+    dx, dparams = returned
+    # One input's dx on its own; several inputs' as a tuple.
+    dxs = list(dx) if len(inputs) > 1 else [dx]
+    if len(dxs) != len(inputs):
+        raise ValueError(f"the backward gave {len(dxs)} input gradients for {len(inputs)} inputs")
+
+    def loss():
+        return float(np.sum(run_forward()[0] * dout))
+
+    # None for an input without a gradient: the embedding's integer indices.
+    pairs = [(name, value, grad) for (name, value), grad in zip(inputs.items(), dxs)
+             if grad is not None]
+    pairs += [(key, params[key], dparams.get(key)) for key in params]
+    found = []
+    for name, value, grad in pairs:
+        # A gradient of another shape could broadcast against the reference, unnoticed.
+        if np.shape(grad) != value.shape:
+            raise ValueError(f"d{name} has the shape {np.shape(grad)}, not {name}'s {value.shape}")
+        numeric = numerical_gradient(loss, value, list(np.ndindex(value.shape)))
+        found.append((name, grad, numeric.reshape(value.shape)))
+    return found
+
+
+# ------------------------------------------------------------------------------------------ layers
 def linear_forward(x, weight, bias=None):
     # As one (B*T, in) @ (in, out) product: NumPy would run a (B, T, in) one as B small ones, many
     # times slower.
@@ -120,66 +168,40 @@ def linear_backward(dout, saved):
     return dx, dparams
 
 
-def layernorm_forward(x, weight, bias=None, eps=1e-5):
-    mean = x.mean(-1, keepdims=True)  # (B, T, 1)
-    rstd = 1 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)  # (B, T, 1)
-    # Zero mean and unit variance over the C channels of each position.
-    xhat = (x - mean) * rstd  # (B, T, C)
-    out = xhat * weight
-    if bias is not None:
-        out = out + bias
-    return out, (xhat, rstd, weight, bias is not None)
+def embedding_forward(idx, weight):
+    # One row of the table per index.
+    return weight[idx], (idx, weight.shape)  # (B, T, C)
 
 
-# xhat = (x - mean) rstd over the C channels of a position, with mean = mean_j(x_j),
-# var = mean_j((x_j - mean)^2) and rstd = (var + eps)^(-1/2). [i = j] is 1 when i = j, else 0:
-# x_i depends on x_j only when they are the same channel. The gain and the bias, each summed over
-# the positions (rule 2):
-#   dweight = dout * xhat,   dbias = dout
-# g = dout * weight is the gradient at xhat, which reaches each x_j along three paths (rule 1):
-#   direct:        d xhat_i / d x_j = rstd [i = j]                    -> rstd g_j
-#   through mean:  d mean / d x_j = 1/C and d xhat_i / d mean = -rstd -> -rstd mean(g)
-#   through var:   d var / d x_j = 2 (x_j - mean) / C (var's own path through mean vanishes, since
-#                  the deviations x_i - mean sum to 0), d rstd / d var = -rstd^3 / 2, and
-#                  d xhat_i / d rstd = x_i - mean. Summed over i:
-#                  sum_i g_i (x_i - mean) (-rstd^3 / 2) 2 (x_j - mean) / C
-#                  = -rstd^3 (x_j - mean) mean_i(g_i (x_i - mean))
-#                  = -rstd ((x_j - mean) rstd) mean_i(g_i (x_i - mean) rstd)
-#                  = -rstd xhat_j mean(g xhat)                        since (x - mean) rstd = xhat
-#   dx = rstd (g - mean(g) - xhat mean(g xhat))
-def layernorm_backward(dout, saved):
-    xhat, rstd, weight, has_bias = saved
-    positions = tuple(range(dout.ndim - 1))
-    g = dout * weight  # (B, T, C)
-    dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
-    dparams = {"weight": (dout * xhat).sum(positions)}  # (C,)
-    if has_bias:
-        dparams["bias"] = dout.sum(positions)  # (C,)
-    return dx, dparams
+# out[i] = weight[idx[i]]: each output row is a copy of one table row, so dweight[r] is the sum
+# of dout[i] over every i with idx[i] = r (rule 1: a row used twice gets both gradients).
+# np.add.at adds for each repeated index, where dweight[idx] += dout would keep only one. The
+# indices are integers: they have no gradient.
+def embedding_backward(dout, saved):
+    idx, shape = saved
+    dweight = np.zeros(shape, dtype=dout.dtype)  # (vocab_size, C)
+    np.add.at(dweight, idx, dout)
+    return None, {"weight": dweight}
 
 
-def rmsnorm_forward(x, weight, eps=1e-5):
-    rstd = 1 / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)  # (B, T, 1)
-    # Unit root-mean-square over the C channels of each position.
-    xhat = x * rstd  # (B, T, C)
-    return xhat * weight, (xhat, rstd, weight)
+def crossentropy_forward(logits, targets):
+    m = logits.max(-1, keepdims=True)
+    # log-sum-exp, less the max: stable for large logits.
+    logz = m + np.log(np.exp(logits - m).sum(-1, keepdims=True))  # (B, T, 1)
+    picked = np.take_along_axis(logits, targets[..., None], axis=-1)  # (B, T, 1)
+    # The mean over the B*T positions of -log p(target).
+    loss = (logz - picked).mean()
+    return loss, (np.exp(logits - logz), targets)
 
 
-# LayerNorm without the mean: xhat = x rstd, with ms = mean_j(x_j^2) and rstd = (ms + eps)^(-1/2).
-# g = dout * weight reaches each x_j along two paths (rule 1):
-#   direct:      d xhat_i / d x_j = rstd [i = j]                      -> rstd g_j
-#   through ms:  d ms / d x_j = 2 x_j / C, d rstd / d ms = -rstd^3 / 2 and d xhat_i / d rstd = x_i.
-#                Summed over i:
-#                sum_i g_i x_i (-rstd^3 / 2) 2 x_j / C = -rstd^3 x_j mean_i(g_i x_i)
-#                = -rstd (x_j rstd) mean_i(g_i x_i rstd) = -rstd xhat_j mean(g xhat)
-#   dx = rstd (g - xhat mean(g xhat))
-#   dweight = dout * xhat, summed over the positions (rule 2)
-def rmsnorm_backward(dout, saved):
-    xhat, rstd, weight = saved
-    g = dout * weight  # (B, T, C)
-    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))  # (B, T, C)
-    dweight = (dout * xhat).sum(tuple(range(dout.ndim - 1)))  # (C,)
-    return dx, {"weight": dweight}
+# loss = mean over the N = B*T positions of (logz - logits[target]), where
+# logz = log sum_j e^logits_j, whose derivative is softmax(logits) = p. So at each position
+# dlogits = (p - onehot(target)) / N, times dloss (1 at the top).
+def crossentropy_backward(dloss, saved):
+    probs, targets = saved
+    onehot = np.eye(probs.shape[-1], dtype=probs.dtype)[targets]  # (B, T, vocab_size)
+    dlogits = (probs - onehot) * (dloss / targets.size)  # (B, T, vocab_size)
+    return dlogits, {}
 
 
 GELU_K = math.sqrt(2 / math.pi)
@@ -225,35 +247,6 @@ def swiglu_backward(dout, saved):
     return (dgate, dup), {}
 
 
-def rope_tables(config, dtype):
-    hs = config.n_embd // config.n_head
-    inv_freq = 10000.0 ** (-np.arange(0, hs, 2) / hs)
-    angles = np.outer(np.arange(config.block_size), inv_freq)  # (block_size, hs / 2)
-    # Channel j pairs with j + hs/2.
-    angles = np.concatenate([angles, angles], axis=-1)  # (block_size, hs)
-    # gpt.py builds its tables in float64 and stores float32: rounding the same way, the two agree
-    # in float32.
-    cos = np.cos(angles).astype(np.float32).astype(dtype)
-    sin = np.sin(angles).astype(np.float32).astype(dtype)
-    return cos, sin
-
-
-def rope_forward(x, cos, sin):
-    x1, x2 = np.split(x, 2, axis=-1)
-    return x * cos + np.concatenate([-x2, x1], axis=-1) * sin, (cos, sin)
-
-
-# Each channel pair (x1, x2) = (x_j, x_j+hs/2) turns by its angle a, a rotation R(a):
-#   out1 = x1 cos a - x2 sin a
-#   out2 = x2 cos a + x1 sin a          R(a) = [[cos a, -sin a], [sin a, cos a]]
-# The backward multiplies by R(a)^T, and a rotation's transpose is its inverse R(-a):
-#   dx1 = dout1 cos a + dout2 sin a
-#   dx2 = dout2 cos a - dout1 sin a:    the forward, with sin negated.
-def rope_backward(dout, saved):
-    cos, sin = saved
-    return rope_forward(dout, cos, -sin)[0], {}
-
-
 def softmax_forward(x):
     # Shifting by the max changes nothing, but keeps exp from overflowing.
     e = np.exp(x - x.max(-1, keepdims=True))
@@ -267,6 +260,110 @@ def softmax_forward(x):
 def softmax_backward(dout, saved):
     p = saved
     return p * (dout - (dout * p).sum(-1, keepdims=True)), {}
+
+
+def layernorm_forward(x, weight, bias=None, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)  # (B, T, 1)
+    rstd = 1 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)  # (B, T, 1)
+    # Zero mean and unit variance over the C channels of each position.
+    xhat = (x - mean) * rstd  # (B, T, C)
+    out = xhat * weight
+    if bias is not None:
+        out = out + bias
+    return out, (xhat, rstd, weight, bias is not None)
+
+
+# xhat = (x - mean) rstd over the C channels of a position, with mean = mean_j(x_j),
+# var = mean_j((x_j - mean)^2) and rstd = (var + eps)^(-1/2). [i = j] is 1 when i = j, else 0:
+# x_i depends on x_j only when they are the same channel. The gain and the bias, each summed over
+# the positions (rule 2):
+#   dweight = dout * xhat,   dbias = dout
+# g = dout * weight is the gradient at xhat, which reaches each x_j along three paths (rule 1):
+#   direct:        d xhat_i / d x_j = rstd [i = j]                    -> rstd g_j
+#   through mean:  d mean / d x_j = 1/C and d xhat_i / d mean = -rstd -> -rstd mean(g)
+#   through var:   d var / d x_j = 2 (x_j - mean) / C (var's own path through mean vanishes, since
+#                  the deviations x_i - mean sum to 0), d rstd / d var = -rstd^3 / 2, and
+#                  d xhat_i / d rstd = x_i - mean. Summed over i:
+#                  sum_i g_i (x_i - mean) (-rstd^3 / 2) 2 (x_j - mean) / C
+#                  = -rstd^3 (x_j - mean) mean_i(g_i (x_i - mean))
+#                  = -rstd ((x_j - mean) rstd) mean_i(g_i (x_i - mean) rstd)
+#                  = -rstd xhat_j mean(g xhat)                        since (x - mean) rstd = xhat
+#   dx = rstd (g - mean(g) - xhat mean(g xhat))
+def layernorm_backward(dout, saved):
+    xhat, rstd, weight, has_bias = saved
+    positions = tuple(range(dout.ndim - 1))
+    g = dout * weight  # (B, T, C)
+    # The three paths summed: (B, T, C)
+    dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+    dparams = {"weight": (dout * xhat).sum(positions)}  # (C,)
+    if has_bias:
+        dparams["bias"] = dout.sum(positions)  # (C,)
+    return dx, dparams
+
+
+def rmsnorm_forward(x, weight, eps=1e-5):
+    rstd = 1 / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)  # (B, T, 1)
+    # Unit root-mean-square over the C channels of each position.
+    xhat = x * rstd  # (B, T, C)
+    return xhat * weight, (xhat, rstd, weight)
+
+
+# LayerNorm without the mean: xhat = x rstd, with ms = mean_j(x_j^2) and rstd = (ms + eps)^(-1/2).
+# g = dout * weight reaches each x_j along two paths (rule 1):
+#   direct:      d xhat_i / d x_j = rstd [i = j]                      -> rstd g_j
+#   through ms:  d ms / d x_j = 2 x_j / C, d rstd / d ms = -rstd^3 / 2 and d xhat_i / d rstd = x_i.
+#                Summed over i:
+#                sum_i g_i x_i (-rstd^3 / 2) 2 x_j / C = -rstd^3 x_j mean_i(g_i x_i)
+#                = -rstd (x_j rstd) mean_i(g_i x_i rstd) = -rstd xhat_j mean(g xhat)
+#   dx = rstd (g - xhat mean(g xhat))
+#   dweight = dout * xhat, summed over the positions (rule 2)
+def rmsnorm_backward(dout, saved):
+    xhat, rstd, weight = saved
+    g = dout * weight  # (B, T, C)
+    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))  # (B, T, C)
+    dweight = (dout * xhat).sum(tuple(range(dout.ndim - 1)))  # (C,)
+    return dx, {"weight": dweight}
+
+
+# Rotary positions (RoPE) tell attention where each token is by turning its query and key, not by
+# adding a vector. A head's hs channels go in hs/2 pairs, each pair a point in a plane, and a token
+# at position t turns pair j by the angle a = t f_j, where f_j = 10000^(-2j/hs) runs from 1 (fast,
+# for near tokens) down to about 1/10000 (slow, for far ones). Turning q at t and k at s, the dot
+# product of a pair depends on the angle between them, (t - s) f_j, alone: the scores see how far
+# apart two tokens are, not where they stand.
+# Channel j pairs with j + hs/2: any pairing would do, as long as queries and keys share it; this
+# one, gpt.py's and Llama's, takes each pair from the two halves of the head, with two slices.
+def rope_tables(config, dtype):
+    hs = config.n_embd // config.n_head
+    inv_freq = 10000.0 ** (-np.arange(0, hs, 2) / hs)
+    angles = np.outer(np.arange(config.block_size), inv_freq)  # (block_size, hs / 2)
+    # Channel j and channel j + hs/2 turn by the same angle.
+    angles = np.concatenate([angles, angles], axis=-1)  # (block_size, hs)
+    # gpt.py builds its tables in float64 and stores float32: rounding the same way, the two agree
+    # in float32.
+    cos = np.cos(angles).astype(np.float32).astype(dtype)
+    sin = np.sin(angles).astype(np.float32).astype(dtype)
+    return cos, sin
+
+
+# A point (x1, x2) turned by a is (x1 cos a - x2 sin a, x2 cos a + x1 sin a)
+#   = (x1, x2) cos a + (-x2, x1) sin a,
+# and (-x2, x1) is the point turned by a right angle. With x1, x2 the two halves of every head,
+# [-x2, x1] turns every pair a right angle at once, and x cos + [-x2, x1] sin turns each by its a.
+def rope_forward(x, cos, sin):
+    x1, x2 = np.split(x, 2, axis=-1)  # (B, nh, T, hs / 2) each
+    return x * cos + np.concatenate([-x2, x1], axis=-1) * sin, (cos, sin)
+
+
+# Each channel pair (x1, x2) = (x_j, x_j+hs/2) turns by its angle a, a rotation R(a):
+#   out1 = x1 cos a - x2 sin a
+#   out2 = x2 cos a + x1 sin a          R(a) = [[cos a, -sin a], [sin a, cos a]]
+# The backward multiplies by R(a)^T, and a rotation's transpose is its inverse R(-a):
+#   dx1 = dout1 cos a + dout2 sin a
+#   dx2 = dout2 cos a - dout1 sin a:    the forward, with sin negated.
+def rope_backward(dout, saved):
+    cos, sin = saved
+    return rope_forward(dout, cos, -sin)[0], {}
 
 
 # What attention_forward keeps for its backward, by name: q, k and v, (B, nh, T, hs) each, after
@@ -320,28 +417,12 @@ def attention_backward(dout, saved):
     dq = dscores @ k * scale  # (B, nh, T, hs)
     dk = dscores.transpose(0, 1, 3, 2) @ q * scale  # (B, nh, T, hs)
     if rope is not None:
-        dq = rope_backward(dq, rope)[0]
-        dk = rope_backward(dk, rope)[0]
+        dq = rope_backward(dq, rope)[0]  # (B, nh, T, hs)
+        dk = rope_backward(dk, rope)[0]  # (B, nh, T, hs)
     dq = dq.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
     dk = dk.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
     dv = dv.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, T, C)
     return (dq, dk, dv), {}
-
-
-def embedding_forward(idx, weight):
-    # One row of the table per index.
-    return weight[idx], (idx, weight.shape)  # (B, T, C)
-
-
-# out[i] = weight[idx[i]]: each output row is a copy of one table row, so dweight[r] is the sum
-# of dout[i] over every i with idx[i] = r (rule 1: a row used twice gets both gradients).
-# np.add.at adds for each repeated index, where dweight[idx] += dout would keep only one. The
-# indices are integers: they have no gradient.
-def embedding_backward(dout, saved):
-    idx, shape = saved
-    dweight = np.zeros(shape, dtype=dout.dtype)  # (vocab_size, C)
-    np.add.at(dweight, idx, dout)
-    return None, {"weight": dweight}
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -419,6 +500,13 @@ class GPT:
         self.saved = saved if targets is not None else None
         return logits, loss
 
+    # The backward is the forward's calls in reverse, from dL/dL = 1 at the loss: each layer's
+    # backward takes the gradient at its output, hands back the one at its input, and adds its
+    # parameters' gradients into grads. Three places take more than one call (rule 1 each time):
+    #   x = x + f(x):      the residual hands dx down unchanged, plus f's gradient at its input;
+    #   maps of the same h (c_q, c_k, c_v; c_gate, c_fc): h's gradient is the sum of theirs;
+    #   the tied head:     lm_head and wte are one matrix, and both add into its gradient.
+    # With learned positions, the same rows were added to every sequence: a sum over B (rule 2).
     def backward(self, activations=False):
         """The gradient of the last forward's loss for every parameter, named as params. With
         activations=True, also douts, {layer: dL/d(its output)}, keyed like the forward's saved
@@ -457,7 +545,7 @@ class GPT:
             else:
                 dh = back(block + "mlp.act", gelu_backward, dh)  # (B, T, hidden)
                 dh = back(block + "mlp.c_fc", linear_backward, dh)  # (B, T, C)
-            dx = dx + back(block + "ln_2", norm, dh)
+            dx = dx + back(block + "ln_2", norm, dh)  # (B, T, C)
             dh = back(block + "attn.c_proj", linear_backward, dx)  # (B, T, C)
             dq, dk, dv = back(block + "attn", attention_backward, dh)  # (B, T, C) each
             # q, k and v were three maps of the same h: as at the residual stream, a value used by
@@ -465,51 +553,13 @@ class GPT:
             dh = back(block + "attn.c_v", linear_backward, dv)  # (B, T, C)
             dh = dh + back(block + "attn.c_k", linear_backward, dk)  # (B, T, C)
             dh = dh + back(block + "attn.c_q", linear_backward, dq)  # (B, T, C)
-            dx = dx + back(block + "ln_1", norm, dh)
+            dx = dx + back(block + "ln_1", norm, dh)  # (B, T, C)
         if cfg.pos == "learned":
             # The same rows were added to every sequence (rule 2).
             back("wpe", embedding_backward, dx.sum(0))
         # Tied, this adds to the head's gradient of the same matrix (rule 1).
         back("wte", embedding_backward, dx)
         return (grads, douts) if activations else grads
-
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 generator=None):
-        """gpt.GPT.generate without a KV cache: each token from a full forward over the last
-        block_size tokens. generator: a NumPy random Generator (np.random.default_rng(seed)), to
-        repeat a sample."""
-        generator = generator or np.random.default_rng()
-        for _ in range(max_new_tokens):
-            window = idx[:, -self.config.block_size:]
-            logits = self.forward(window)[0][:, -1, :].astype(np.float64)  # (B, vocab_size)
-            if temperature == 0:
-                next_id = logits.argmax(-1)
-            else:
-                # As gpt.py: less the max, over a temperature of at least 1e-30.
-                logits = (logits - logits.max(-1, keepdims=True)) / max(temperature, 1e-30)
-                probs = softmax_forward(filter_logits(logits, top_k, top_p))[0]
-                next_id = np.array([generator.choice(len(row), p=row) for row in probs])
-            idx = np.concatenate([idx, next_id[:, None]], axis=1)
-        return idx
-
-
-def filter_logits(logits, top_k=None, top_p=None):
-    """gpt.filter_logits: -inf for each logit outside the top_k, then outside the nucleus, the
-    fewest likeliest tokens whose probability reaches top_p. The likeliest token always stays."""
-    if top_k is not None:
-        kth = np.sort(logits, axis=-1)[..., -min(top_k, logits.shape[-1]), None]  # (B, 1)
-        logits = np.where(logits < kth, -np.inf, logits)
-    if top_p is not None:
-        # The likeliest first.
-        order = np.argsort(-logits, axis=-1, kind="stable")
-        probs = np.take_along_axis(softmax_forward(logits)[0], order, axis=-1)
-        # A token goes when those before it already reach top_p; the likeliest stays.
-        drop_sorted = probs.cumsum(-1) - probs >= top_p
-        drop_sorted[..., 0] = False
-        drop = np.empty(logits.shape, dtype=bool)
-        np.put_along_axis(drop, order, drop_sorted, axis=-1)
-        logits = np.where(drop, -np.inf, logits)
-    return logits
 
 
 def init_params(config, seed=0, dtype=np.float32):
@@ -555,552 +605,8 @@ def init_params(config, seed=0, dtype=np.float32):
     return p
 
 
-class AdamW:
-    """torch.optim.AdamW, step for step, with gpt.py's grouping: weight decay on matrices only."""
-
-    def __init__(self, params, lr, weight_decay=0.1, betas=(0.9, 0.99), eps=1e-8):
-        self.params = params
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.betas = betas
-        self.eps = eps
-        self.m = {name: np.zeros_like(w) for name, w in params.items()}
-        self.v = {name: np.zeros_like(w) for name, w in params.items()}
-        self.t = 0
-
-    def step(self, grads):
-        self.t += 1
-        b1, b2 = self.betas
-        for name, w in self.params.items():
-            g = grads[name]
-            # Decoupled: the decay shrinks the weight, and never enters the moments.
-            if w.ndim >= 2:
-                w *= 1 - self.lr * self.weight_decay
-            self.m[name] = b1 * self.m[name] + (1 - b1) * g
-            self.v[name] = b2 * self.v[name] + (1 - b2) * g * g
-            # Bias correction undoes the moments' start at zero.
-            denom = np.sqrt(self.v[name]) / math.sqrt(1 - b2 ** self.t) + self.eps
-            w -= self.lr / (1 - b1 ** self.t) * self.m[name] / denom
-
-
-def newton_schulz(g, steps=5):
-    """About U V^T for g = U S V^T: g's directions, each singular value pushed to about 1. Muon's
-    update, as torch.optim.Muon computes it (in bfloat16 there, in g's own type here)."""
-    # A gradient matrix is dominated by a few directions, its largest singular values, and momentum
-    # SGD moves the weights mostly along those. Muon moves along every direction the gradient names
-    # by about the same amount. An SVD per step would be slow. An odd polynomial of x,
-    # a x + b (x x^T) x + c (x x^T)^2 x, acts on each singular value s alone: a s + b s^3 + c s^5.
-    # Five rounds of this one carry every s between 0.003 and 1 (after the scaling below) to
-    # between 0.68 and 1.2: not exactly 1, which does no harm, in a few matrix products.
-    a, b, c = 3.4445, -4.7750, 2.0315
-    wide = g.shape[0] <= g.shape[1]
-    # (m, n) with m <= n, so that x x^T is the smaller of the two products.
-    x = g if wide else g.T
-    # The Frobenius norm is at least the largest singular value: every s starts in [0, 1].
-    x = x / max(np.linalg.norm(x), 1e-7)
-    for _ in range(steps):
-        gram = x @ x.T  # (m, m)
-        x = a * x + (b * gram + c * gram @ gram) @ x  # (m, n)
-    return x if wide else x.T
-
-
-class Muon:
-    """torch.optim.Muon, step for step (Nesterov momentum, its default), for the matrices gpt.py
-    gives it: the blocks' 2-D weights. The rest stays with AdamW."""
-
-    def __init__(self, params, lr=0.01, weight_decay=0.1, momentum=0.95):
-        self.params = params
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.momentum = momentum
-        self.buf = {name: np.zeros_like(w) for name, w in params.items()}
-
-    def step(self, grads):
-        mu = self.momentum
-        for name, w in self.params.items():
-            g = grads[name]
-            self.buf[name] = mu * self.buf[name] + (1 - mu) * g
-            # Nesterov: the step looks ahead, along the gradient mixed once more with the momentum.
-            update = newton_schulz((1 - mu) * g + mu * self.buf[name])
-            # Scaled by sqrt(rows / columns) where taller than wide, the update's entries are about
-            # 1 / sqrt(columns) in size, whatever the matrix's shape.
-            lr = self.lr * math.sqrt(max(1, w.shape[0] / w.shape[1]))
-            w *= 1 - self.lr * self.weight_decay
-            w -= lr * update
-
-
-# --------------------------------------------------------------------------------------- checking
-def rel_error(ours, reference, scale=None):
-    """The largest entry's error, relative to the gradient's scale: max|a - b| / scale, where scale
-    is by default the larger of max|a| and max|b|. inf where either holds a NaN or an inf: such a
-    gradient is never right."""
-    ours = np.asarray(ours, dtype=np.float64)
-    reference = np.asarray(reference, dtype=np.float64)
-    if not (np.isfinite(ours).all() and np.isfinite(reference).all()):
-        return math.inf
-    if scale is None:
-        scale = max(np.abs(ours).max(), np.abs(reference).max())
-    return float(np.abs(ours - reference).max() / scale) if scale > 0 else 0.0
-
-
-class Row:
-    """One row of the check: a gradient's name and its largest relative error against finite
-    differences, ok when at most the tolerance, else WRONG; or ERROR, with the one line of the
-    exception its forward or backward raised."""
-
-    def __init__(self, name, error=math.inf, tolerance=1e-6, raised=None):
-        self.name = name
-        self.error = error
-        self.tolerance = tolerance
-        self.raised = raised
-
-    @property
-    def verdict(self):
-        if self.raised is not None:
-            return "ERROR"
-        return "ok" if self.error <= self.tolerance else "WRONG"
-
-    def __str__(self):
-        if self.raised is not None:
-            return f"{self.name:44s} {'':14s}  ERROR  {self.raised}"
-        return f"{self.name:44s} {self.error:14.1e}  {self.verdict}"
-
-    def __repr__(self):
-        if self.raised is not None:
-            return f"{self.name}: ERROR ({self.raised})"
-        return f"{self.name}: {self.verdict} ({self.error:.1e}, at most {self.tolerance:g})"
-
-
-def one_line(error):
-    """An exception as the table shows it: its type and the first line of its message."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
-
-
-def numerical_gradient(loss, value, entries, h=1e-6):
-    """Central differences, (loss() at value[i] + h, less loss() at value[i] - h) / 2h, for each
-    entry i; value is changed in place, and restored."""
-    grad = np.zeros(len(entries))
-    for n, i in enumerate(entries):
-        kept = value[i]
-        value[i] = kept + h
-        up = loss()
-        value[i] = kept - h
-        down = loss()
-        value[i] = kept
-        grad[n] = (up - down) / (2 * h)
-    return grad
-
-
-# A broken backward's NaN or overflow makes a WRONG row, and no warning beside it.
-@np.errstate(all="ignore")
-def check_layer(forward, backward, x, seed=0, tolerance=1e-6, **params):
-    """[Row for x, then for each parameter]: backward(dout, saved) against central finite
-    differences of forward, in float64, each row ok or WRONG with its largest relative error and
-    the tolerance; one ERROR row if forward or backward raises. The loss is the "fake loss"
-    L = sum(out * dout) for a fixed random dout: its gradient at out is exactly dout, so one
-    backward gives every dL/dinput, and finite differences of L check each entry. A backward of
-    your own, checked so:
-
-        def cube_forward(x):
-            return x ** 3, x
-        def cube_backward(dout, x):
-            return dout * 3 * x ** 2, {}
-        check_layer(cube_forward, cube_backward, np.random.randn(4, 5))   # [x: ok (3.0e-10, ...)]
-
-    A layer of several inputs gets them as a dict, {"gate": g, "up": u}, in the order its forward
-    takes them; its backward's dx is then the tuple of their gradients, and each gets a row."""
-    names = list(x) if isinstance(x, dict) else ["x"]
-    values = list(x.values()) if isinstance(x, dict) else [x]
-
-    def run_forward():
-        # Copies at every call, of the inputs and of dout below: a forward or backward that
-        # writes into its arrays in place changes neither the arrays the finite differences move
-        # nor dout, so it cannot make a wrong gradient pass, or a right one fail.
-        copies = {key: np.copy(value) for key, value in params.items()}
-        return forward(*[np.copy(value) for value in values], **copies)
-
-    try:
-        out, saved = run_forward()
-        dout = np.random.default_rng(seed).standard_normal(np.shape(out))
-        dx, dparams = backward(np.copy(dout), saved)
-        # One input's dx on its own; several inputs' as a tuple.
-        dxs = list(dx) if isinstance(x, dict) else [dx]
-        if len(dxs) != len(values):
-            raise ValueError(f"the backward gave {len(dxs)} input gradients for {len(values)} "
-                             f"inputs")
-
-        def loss():
-            return float(np.sum(run_forward()[0] * dout))
-
-        inputs = [(key, params[key], dparams[key]) for key in params]
-        # None for an input without a gradient: the embedding's integer indices.
-        inputs[:0] = [row for row in zip(names, values, dxs) if row[2] is not None]
-        rows = []
-        for name, value, grad in inputs:
-            # A gradient of another shape could broadcast against the reference, unnoticed.
-            if np.shape(grad) != value.shape:
-                raise ValueError(f"d{name} has the shape {np.shape(grad)}, not {name}'s "
-                                 f"{value.shape}")
-            numeric = numerical_gradient(loss, value, list(np.ndindex(value.shape)))
-            rows.append(Row(name, rel_error(grad, numeric.reshape(value.shape)), tolerance))
-        return rows
-    except Exception as e:
-        return [Row("backward", raised=one_line(e))]
-
-
-@np.errstate(all="ignore")
-def check_model(block, switches, rng, tolerance=1e-6):
-    """Rows for every tensor of a 2-layer GPT of that block: 12 entries of each gradient against
-    finite differences, measured against the scale of its whole gradient, or a hundredth of the
-    model's largest entry where that is more; one ERROR row if the model's forward or backward
-    raises."""
-    B, T, C, nh, V = 2, 5, 8, 2, 7
-    targets = rng.integers(0, V, (B, T))
-    idx = rng.integers(0, V, (B, T))
-    config = GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=nh, n_embd=C, **switches)
-    # Gains and biases away from 1 and 0, where they would hide errors.
-    params = {name: w + 0.3 * rng.standard_normal(w.shape)
-              for name, w in init_params(config, seed=1, dtype=np.float64).items()}
-
-    def fresh():
-        # Copies for each model: a layer that writes into the weights, the indices or the targets
-        # in place cannot move what the finite differences measure.
-        return GPT(config, {name: w.copy() for name, w in params.items()})
-
-    rows = []
-    try:
-        model = fresh()
-        model.forward(idx.copy(), targets.copy())
-        grads = model.backward()
-        # In GPT-2's block the keys' bias has a gradient of zero: it adds q.b to every score of a
-        # query's row, and softmax ignores a shift the whole row shares (rope turns b by another
-        # angle at each position, and so gives it a gradient). Its finite differences are
-        # rounding noise alone, with no scale of their own to be relative to.
-        floor = max(np.abs(g).max() for g in grads.values()) / 100
-
-        def loss():
-            return fresh().forward(idx.copy(), targets.copy())[1]
-
-        for name, w in params.items():
-            picked = rng.choice(w.size, min(w.size, 12), replace=False)
-            entries = [np.unravel_index(i, w.shape) for i in picked]
-            numeric = numerical_gradient(loss, w, entries)
-            analytic = np.array([grads[name][i] for i in entries])
-            # With numeric's own scale: a gradient of zeros is never right where it is not.
-            scale = max(np.abs(grads[name]).max(), np.abs(numeric).max(), floor)
-            error = rel_error(analytic, numeric, scale=scale)
-            rows.append(Row(f"model ({block}): {name}", error, tolerance))
-    except Exception as e:
-        rows.append(Row(f"model ({block}): backward", raised=one_line(e)))
-    return rows
-
-
-def check(tolerance=1e-6, log=print):
-    """Checks every layer's backward alone, then the whole model's gradients for a GPT-2 and a Llama
-    block, against finite differences in float64. Logs one table, every row to the end whatever
-    breaks: input or tensor, max relative error, ok, WRONG or ERROR. Returns whether every one is
-    ok."""
-    rng = np.random.default_rng(0)
-
-    def randn(*shape):
-        return rng.standard_normal(shape)
-
-    B, T, C, nh, V = 2, 5, 8, 2, 7
-    config = GPTConfig(vocab_size=V, block_size=T, n_head=nh, n_embd=C)
-    cos, sin = (table[:T] for table in rope_tables(config, np.float64))
-    targets = rng.integers(0, V, (B, T))
-    idx = rng.integers(0, V, (B, T))
-    # In the order backprop meets them.
-    layers = [
-        ("crossentropy", lambda x: crossentropy_forward(x, targets), crossentropy_backward,
-         randn(B, T, V), {}),
-        ("linear", linear_forward, linear_backward, randn(B, T, C),
-         dict(weight=randn(3, C), bias=randn(3))),
-        ("layernorm", layernorm_forward, layernorm_backward, randn(B, T, C),
-         dict(weight=randn(C), bias=randn(C))),
-        ("rmsnorm", rmsnorm_forward, rmsnorm_backward, randn(B, T, C), dict(weight=randn(C))),
-        ("gelu", gelu_forward, gelu_backward, randn(B, T, C), {}),
-        ("swiglu", swiglu_forward, swiglu_backward, dict(gate=randn(B, T, C), up=randn(B, T, C)),
-         {}),
-        ("attention", lambda q, k, v: attention_forward(q, k, v, nh), attention_backward,
-         dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
-        ("attention, rope", lambda q, k, v: attention_forward(q, k, v, nh, (cos, sin)),
-         attention_backward, dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
-        ("softmax", softmax_forward, softmax_backward, randn(B, T, T), {}),
-        ("rope", lambda x: rope_forward(x, cos, sin), rope_backward, randn(B, nh, T, C // nh), {}),
-        ("embedding", embedding_forward, embedding_backward, idx, dict(weight=randn(V, C))),
-    ]
-    log(f"{'layer input, or model tensor':44s} {'max rel. error':>14s}")
-    rows = []
-
-    def show(new_rows):
-        for row in new_rows:
-            log(str(row))
-        rows.extend(new_rows)
-
-    for name, forward, backward, x, params in layers:
-        layer_rows = check_layer(forward, backward, x, tolerance=tolerance, **params)
-        for row in layer_rows:
-            row.name = f"{name}: d{row.name}" if row.raised is None else f"{name}: {row.name}"
-        show(layer_rows)
-    gpt2 = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True)
-    llama = dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False, tie_weights=False)
-    for block, switches in (("gpt2", gpt2), ("llama", llama)):
-        show(check_model(block, switches, rng, tolerance))
-    bad = [row for row in rows if row.verdict != "ok"]
-    wrong = sum(row.verdict == "WRONG" for row in rows)
-    errors = sum(row.verdict == "ERROR" for row in rows)
-    first = f": first {bad[0].name}" if bad else ""
-    log(f"{len(rows) - len(bad)} ok, {wrong} WRONG, {errors} ERROR{first}")
-    return not bad
-
-
-# --------------------------------------------------------------------------------------- workbook
-# Each exercise's fields, and what each holds.
-EXERCISE_FIELDS = {"title": str, "function": str, "change": str, "to": str, "rows": dict,
-                   "models": dict, "why": str}
-
-
-def exercises():
-    """The workbook, workbook.json beside this file: each exercise names a function here, a line of
-    it to change and how; its answer, the rows of --check that turn WRONG or ERROR, and why. A
-    workbook that is missing, unreadable or not of that shape raises a ValueError of one line."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workbook.json")
-    fix = "put back the workbook.json that came with gpt_numpy.py"
-    try:
-        if not os.path.isfile(path):
-            raise OSError(0, "it is not a file" if os.path.exists(path) else "it is missing")
-        size = os.path.getsize(path)
-        if size == 0:
-            raise OSError(0, "it is empty")
-        # The workbook has a few thousand bytes: a far larger file is not it, and is not read.
-        if size > 1_000_000:
-            raise OSError(0, f"it has {size:,} bytes, where the workbook has a few thousand")
-        with open(path, encoding="utf-8") as f:
-            found = json.load(f)
-    except OSError as e:
-        raise ValueError(f"cannot read the workbook {path} ({e.strerror}): {fix}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"cannot read the workbook {path} (it is not UTF-8 text): {fix}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"the workbook {path} is not valid JSON ({e.msg} at line {e.lineno}, "
-                         f"column {e.colno}): {fix}") from None
-    except RecursionError:
-        raise ValueError(f"the workbook {path} is not the workbook (its lists or objects nest "
-                         f"too deep to read): {fix}") from None
-    problem = workbook_problem(found)
-    if problem is not None:
-        raise ValueError(f"the workbook {path} is broken ({problem}): {fix}")
-    return found
-
-
-def workbook_problem(found):
-    """What is wrong with the shape of a workbook as JSON reads it, in a few words; None if
-    nothing."""
-    # Python's types by JSON's names for them.
-    kinds = {dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
-             bool: "true or false", type(None): "null"}
-    if not isinstance(found, list):
-        return f"it holds {kinds[type(found)]}, not a list of exercises"
-    if not found:
-        return "it holds no exercises"
-    for number, ex in enumerate(found, 1):
-        if not isinstance(ex, dict):
-            return f"exercise {number} is {kinds[type(ex)]}, not an object of fields"
-        for field, kind in EXERCISE_FIELDS.items():
-            if field not in ex:
-                return f'exercise {number} has no "{field}"'
-            if not isinstance(ex[field], kind):
-                held = kinds[type(ex[field])]
-                return f'exercise {number}\'s "{field}" is {held}, not {kinds[kind]}'
-        for field in ("rows", "models"):
-            for name, verdict in ex[field].items():
-                if verdict not in ("WRONG", "ERROR"):
-                    return (f'exercise {number}\'s "{field}" gives {name} the verdict '
-                            f'{verdict!r}, not "WRONG" or "ERROR"')
-    return None
-
-
-def exercise_text(number, answer=False):
-    """Exercise number (from 1) as a learner reads it: what to change and the question; or, with
-    answer, which rows turn and why."""
-    found = exercises()
-    if not 1 <= number <= len(found):
-        raise ValueError(f"there are exercises 1 to {len(found)}")
-    ex = found[number - 1]
-    if not answer:
-        question = ("Predict, before you run it: which layer rows of python gpt_numpy.py --check "
-                    "turn WRONG (or ERROR), and which of the two models, gpt2 and llama, get rows "
-                    "that do? Then run the check on your copy.")
-        return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n"
-                f"In your copy of gpt_numpy.py, in {ex['function']}, change the line\n"
-                f"    {ex['change']}\nto\n    {ex['to']}\n\n{textwrap.fill(question, 96)}\n"
-                f"The answer: python gpt_numpy.py --exercise {number} --answer")
-    rows = ", ".join(f"{name} ({verdict})" for name, verdict in ex["rows"].items()) or "none"
-    models = ", ".join(f"{name} ({verdict})" for name, verdict in ex["models"].items()) or "neither"
-    why = textwrap.fill(f"Why: {ex['why']}.", 96)
-    return (f"Exercise {number}: {ex['title']}\nLayer rows that turn: {rows}.\n"
-            f"Models with rows that turn: {models}.\n{why}")
-
-
-# --------------------------------------------------------------------------------------- the demo
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        # argparse's message on one line, without the usage block above it.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def seconds_type(text):
-    value = float(text)
-    # Written so that NaN fails it too.
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1e6), got {text}")
-    return value
-
-
-def read_text(path, block_size):
-    """The text at path, refused in one line unless it is UTF-8 and its last 10% holds one example
-    of block_size."""
-    try:
-        # A folder; or a device or a pipe, which could be read forever.
-        if not os.path.isfile(path):
-            reason = "it is not a file" if os.path.exists(path) else "there is no such file"
-            raise OSError(0, reason)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
-        raise ValueError(f"cannot read {path} ({reason}): give the path of a UTF-8 text "
-                         f"file") from None
-    if len(text) - int(0.9 * len(text)) <= block_size + 1:
-        least = 10 * (block_size + 2) + 10
-        raise ValueError(f"{path} has {len(text)} characters: its last 10%, held out for "
-                         f"validation, must hold {block_size + 2}: give a text of {least} or more")
-    return text
-
-
-def main(argv=None):
-    parser = Parser(description="The NumPy twin: check its gradients, or train a tiny GPT with "
-                                "NumPy alone.")
-    # No defaults here: None tells that --check or --exercise was given a training input.
-    parser.add_argument("path", nargs="?", help="text to train on (default: input.txt)")
-    parser.add_argument("--seconds", type=seconds_type, help="training time (default: 60)")
-    parser.add_argument("--check", action="store_true",
-                        help="instead: check every gradient by finite differences")
-    parser.add_argument("--exercise", metavar="N",
-                        help="instead: show exercise N of the workbook (break a line of a "
-                             "backward, predict the rows of --check that turn), or list them: "
-                             "--exercise list")
-    parser.add_argument("--answer", action="store_true", help="with --exercise N: its answer")
-    args = parser.parse_args(argv)
-    if args.answer and args.exercise in (None, "list"):
-        parser.error("--answer goes with --exercise N")
-    if args.check and args.exercise is not None:
-        parser.error("--check and --exercise are two modes: give one")
-    mode = "--check" if args.check else "--exercise" if args.exercise is not None else None
-    if mode is not None and (args.path is not None or args.seconds is not None):
-        parser.error(f"{mode} trains nothing: a text and --seconds go with the training alone")
-    if args.exercise is not None:
-        try:
-            found = exercises()
-        except ValueError as e:
-            sys.exit(f"error: {e}")
-        if args.exercise == "list":
-            for number, ex in enumerate(found, 1):
-                print(f"{number:2d}. {ex['function']}: {ex['title']}")
-            return
-        try:
-            number = int(args.exercise)
-        except ValueError:
-            number = 0
-        if not 1 <= number <= len(found):
-            sys.exit(f"error: --exercise takes a number from 1 to {len(found)}, or list; not "
-                     f"{args.exercise!r}")
-        print(exercise_text(number, args.answer))
-        return
-    # A character stdout cannot encode prints as an escape, not an error.
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")
-    if args.check:
-        sys.exit(0 if check() else 1)
-    path = "input.txt" if args.path is None else args.path
-    seconds = 60 if args.seconds is None else args.seconds
-    B, T = 16, 64
-    try:
-        text = read_text(path, T)
-        chars = sorted(set(text))
-        stoi = {ch: i for i, ch in enumerate(chars)}
-        # Straight into the array: a list of the ids first would take twice the memory.
-        data = np.fromiter(map(stoi.__getitem__, text), dtype=np.int64, count=len(text))
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    except MemoryError:
-        sys.exit(f"error: out of memory reading {path}: give a smaller text (a few MB is "
-                 f"more than a minute's training reads)")
-    n = int(0.9 * len(data))
-    config = GPTConfig(vocab_size=len(chars), block_size=T, n_layer=2, n_head=4, n_embd=64)
-    model = GPT(config, init_params(config))
-    optimizer = AdamW(model.params, lr=3e-3, weight_decay=0.1)
-    rng = np.random.default_rng(0)
-    prompt = np.array([[stoi["\n" if "\n" in stoi else chars[0]]]])
-
-    def decode(ids):
-        return "".join(chars[i] for i in ids)
-
-    def batch(split):
-        ix = rng.integers(len(split) - T, size=B)
-        xy = np.stack([split[i:i + T + 1] for i in ix])  # (B, T + 1)
-        return xy[:, :-1], xy[:, 1:]
-
-    n_params = sum(w.size for w in model.params.values())
-    print(f"training a {n_params:,}-parameter GPT ({config.n_layer} layers, {config.n_embd} wide, "
-          f"context {T}) on {path} with NumPy alone, for {seconds:g} s")
-    print("untrained, it writes: " + repr(decode(model.generate(prompt, 60, generator=rng)[0, 1:])))
-    t0 = time.time()
-    step = 0
-    last_report = 0.0
-    try:
-        # One step at least.
-        while step == 0 or time.time() - t0 < seconds:
-            _, loss = model.forward(*batch(data[:n]))
-            optimizer.step(model.backward())
-            if step == 0:
-                print(f"step 0: loss {loss:.3f} (a model that knows nothing scores "
-                      f"ln({len(chars)}) = {math.log(len(chars)):.3f})", flush=True)
-            step += 1
-            elapsed = time.time() - t0
-            if elapsed - last_report >= max(seconds / 10, 1):
-                ms = elapsed / step * 1000
-                print(f"{elapsed:.0f} s: step {step}, loss {loss:.3f}, {ms:.0f} ms/step",
-                      flush=True)
-                last_report = elapsed
-    # Ctrl-C ends the training early; what the model has learned is still shown.
-    except KeyboardInterrupt:
-        print("Ctrl-C: training stopped (a second one quits)")
-    ms_per_step = (time.time() - t0) / max(step, 1) * 1000
-    val = np.mean([model.forward(*batch(data[n:]))[1] for _ in range(20)])
-    print(f"after {step} steps at {ms_per_step:.0f} ms/step: val loss {val:.3f}\nsample:")
-    print(decode(model.generate(prompt, 300, temperature=0.8, generator=rng)[0, 1:]))
-
-
-def quiet_stdout():
-    """Points stdout at /dev/null, so that the flush at exit does not fail a second time."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 if __name__ == "__main__":
-    try:
-        main()
-    # The reader went away (python gpt_numpy.py --check | head): end quietly, as cat does.
-    except BrokenPipeError:
-        quiet_stdout()
-        sys.exit(141)
-    # The output cannot be written (a full disk): one line, not a traceback.
-    except OSError as e:
-        quiet_stdout()
-        sys.exit(f"error: cannot write the output ({e.strerror or e})")
-    # Ctrl-C outside the training (or a second one): quit without a traceback.
-    except KeyboardInterrupt:
-        print()
-        sys.exit(130)
+    # The command lines live beside the lesson, in workbook.py: they check, teach and train the
+    # module run here (this file, or a learner's copy of it).
+    import workbook
+    workbook.run(sys.modules[__name__])

@@ -2,6 +2,7 @@
 import ast
 import dataclasses
 import io
+import json
 import math
 import os
 import re
@@ -19,6 +20,7 @@ import torch
 import cli
 import gpt
 import gpt_numpy
+import workbook
 import report
 from conftest import (HERE, TINY, SWITCHES, TEXT, HANG, tiny_model, tiny_train_config, quiet, ByteTokenizer,
                       TWIN_CONFIGS, twin_pair, zero_gradient)
@@ -83,7 +85,9 @@ def test_gpt_py_is_plain():
 
 def test_gpt_py_stands_alone_and_importing_it_does_nothing(tmp_path):
     source = Path(HERE, "gpt.py").read_text(encoding="utf-8")
-    for name, allowed in (("gpt.py", {"torch"}), ("gpt_numpy.py", {"numpy"})):
+    # gpt_numpy.py, the lesson, hands its command lines to workbook.py beside it, which runs it.
+    for name, allowed in (("gpt.py", {"torch"}), ("gpt_numpy.py", {"numpy", "workbook"}),
+                          ("workbook.py", {"numpy", "gpt_numpy"})):
         tree = ast.parse(Path(HERE, name).read_text(encoding="utf-8"))
         modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                    for alias in node.names}
@@ -726,6 +730,24 @@ def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it(name)
         np.testing.assert_allclose(douts[name], out.grad.numpy(), rtol=1e-10, atol=1e-12 * out.grad.abs().max().item())
 
 
+def test_gpt_py_gives_the_known_logits_the_twins_check_holds_its_forward_to():
+    # fixtures/twin_logits.json, made once by fixtures/make_twin_logits.py from gpt.py with weights of a formula.
+    with open(workbook.KNOWN_LOGITS, encoding="utf-8") as f:
+        known = json.load(f)
+    assert known["ids"] == workbook.fixed_ids().tolist()
+    for block, switches in (("gpt2", workbook.GPT2), ("llama", workbook.LLAMA)):
+        config = gpt.GPTConfig(vocab_size=workbook.V, block_size=workbook.T, n_layer=2, n_head=workbook.NH,
+                               n_embd=workbook.C, **switches)
+        model = gpt.GPT(config).double()
+        weights = {n: torch.from_numpy(w) for n, w in workbook.fixed_weights(config).items()}
+        assert set(weights) == {n for n, _ in model.named_parameters()}
+        model.load_state_dict(weights, strict=False)
+        logits = model(torch.from_numpy(workbook.fixed_ids()))[0].detach().numpy()
+        expected = np.array(known["logits"][block])
+        assert gpt_numpy.rel_error(logits, expected) <= 1e-10, block
+        assert np.abs(logits).max() > 0.1 and np.abs(logits[0, 1] - logits[0, 2]).max() > 0.01  # not all alike
+
+
 def test_the_twin_forms_the_same_attention_weights():
     model, twin, idx, _ = twin_pair("llama")
     twin.forward(idx.numpy(), idx.numpy())
@@ -738,7 +760,7 @@ def test_twin_filter_logits_keeps_what_gpt_keeps():
     logits = torch.randn(64, 30, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for kwargs in (dict(top_k=3), dict(top_p=0.5), dict(top_p=0.95), dict(top_k=10, top_p=0.8), dict(top_p=1.0),
                    dict(top_p=1e-300)):
-        ours = np.isfinite(gpt_numpy.filter_logits(logits.numpy(), **kwargs))
+        ours = np.isfinite(workbook.filter_logits(logits.numpy(), **kwargs))
         assert np.array_equal(ours, torch.isfinite(gpt.filter_logits(logits, **kwargs)).numpy()), kwargs
 
 
@@ -746,7 +768,7 @@ def test_twin_filter_logits_keeps_what_gpt_keeps():
 def test_twin_adamw_steps_match_torch(name):
     model, twin, idx, targets = twin_pair(name)
     optimizer = gpt.configure_optimizers(model, gpt.TrainConfig(learning_rate=1e-2, optimizer="adamw"))
-    twin_optimizer = gpt_numpy.AdamW(twin.params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
+    twin_optimizer = workbook.AdamW(twin.params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
     for _ in range(5):
         loss = gpt.train_step(model, optimizer, [(idx, targets)]).item()
         twin_loss = twin.forward(idx.numpy(), targets.numpy())[1]
@@ -761,7 +783,7 @@ def test_twin_newton_schulz_brings_every_singular_value_near_1_along_the_gradien
     v, _ = np.linalg.qr(rng.standard_normal((8, 8)))
     g = u @ np.diag(np.logspace(0, -2, 8)) @ v.T  # (24, 8), singular values from 1 to 0.01
     for matrix, direction in ((g, u @ v.T), (g.T, v @ u.T)):  # tall and wide
-        out = gpt_numpy.newton_schulz(matrix)
+        out = workbook.newton_schulz(matrix)
         singular_values = np.linalg.svd(out, compute_uv=False)
         assert 0.6 < singular_values.min() and singular_values.max() < 1.25, singular_values
         assert gpt_numpy.rel_error(out, direction) < 0.4
@@ -783,14 +805,14 @@ def test_twin_newton_schulz_brings_every_singular_value_near_1_along_the_gradien
 def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
     # torch's Newton-Schulz runs in bfloat16 (the test above holds the twin's to it); here it runs the twin's, in
     # float64, so that momentum, Nesterov, the learning rate's scale and the decay are held to float64's rounding.
-    twin_iterations = lambda update, *args: torch.from_numpy(gpt_numpy.newton_schulz(update.numpy()))
+    twin_iterations = lambda update, *args: torch.from_numpy(workbook.newton_schulz(update.numpy()))
     monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", twin_iterations)
     model, twin, idx, targets = twin_pair(name)
     optimizers = gpt.configure_optimizers(model, gpt.TrainConfig(learning_rate=1e-2, optimizer="muon"))
     matrices = [n for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
-    twin_muon = gpt_numpy.Muon({n: twin.params[n] for n in matrices}, lr=0.01, weight_decay=0.1, momentum=0.95)
+    twin_muon = workbook.Muon({n: twin.params[n] for n in matrices}, lr=0.01, weight_decay=0.1, momentum=0.95)
     rest = {n: w for n, w in twin.params.items() if n not in matrices}
-    adamw = gpt_numpy.AdamW(rest, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
+    adamw = workbook.AdamW(rest, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
     before = {n: w.copy() for n, w in twin.params.items()}
     for _ in range(3):
         gpt.train_step(model, optimizers, [(idx, targets)])

@@ -5,11 +5,14 @@ Its agreement with PyTorch is in test_gpt.py.
 import importlib.util
 import json
 import math
+import ast
+import fnmatch
 import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 
 import gpt2
 import gpt_numpy
+import workbook
 from conftest import (HERE, TINY, TEXT, HANG, run_cli, interrupted, fixture_weights, fixture_logits, TWIN_CONFIGS,
                       twin_pair, zero_gradient)
 
@@ -45,7 +49,7 @@ def test_twin_trains_and_samples():
     data = np.array([chars.index(c) for c in text])
     config = gpt_numpy.GPTConfig(vocab_size=len(chars), block_size=16, n_layer=1, n_head=2, n_embd=32, bias=False)
     twin = gpt_numpy.GPT(config, gpt_numpy.init_params(config, seed=0, dtype=np.float64))
-    optimizer = gpt_numpy.AdamW(twin.params, lr=1e-2)
+    optimizer = workbook.AdamW(twin.params, lr=1e-2)
     rng = np.random.default_rng(0)
     for step in range(200):
         ix = rng.integers(len(data) - 17, size=8)
@@ -53,8 +57,8 @@ def test_twin_trains_and_samples():
         _, loss = twin.forward(xy[:, :-1], xy[:, 1:])
         optimizer.step(twin.backward())
     assert loss < 0.25 * math.log(len(chars)), loss
-    out = twin.generate(data[None, :5], 40, temperature=0)
-    drawn = lambda seed: twin.generate(data[None, :5], 20, temperature=2.0, top_k=5, top_p=0.9,
+    out = workbook.generate(twin, data[None, :5], 40, temperature=0)
+    drawn = lambda seed: workbook.generate(twin, data[None, :5], 20, temperature=2.0, top_k=5, top_p=0.9,
                                        generator=np.random.default_rng(seed))  # hot: a trained model may be sure
     assert np.array_equal(drawn(3), drawn(3)) and not np.array_equal(drawn(3), drawn(4))
     assert set("".join(chars[i] for i in out[0]).split()[:-1]) <= set(text.split())  # the last word may be cut
@@ -78,6 +82,42 @@ def test_the_twin_runs_gpt2s_weights():
     ids, expected = fixture_logits()
     np.testing.assert_allclose(twin.forward(ids.numpy())[0], expected.numpy(), rtol=1e-4,
                                atol=1e-5 * expected.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------------- the lesson
+def test_gpt_numpy_is_the_lesson_alone_read_in_the_order_it_is_learned():
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    lines = source.splitlines()
+    assert len(lines) <= 650
+    # The two rules, numbered where they are stated, and cited by those numbers alone.
+    assert "Rule 1. A value used twice gets the sum of its gradients" in source
+    assert "Rule 2. A broadcast in the forward is a sum in the backward" in source
+    cited = re.findall(r"\brule (\d)", source)
+    assert len(cited) >= 8 and set(cited) == {"1", "2"}, cited
+    # How a backward is checked (the fake loss, finite differences) before the first layer, the layers before the model,
+    # the model's forward before its backward.
+    order = [source.index(text) for text in ('"fake loss"', '"central finite', "def numerical_gradient",
+                                             "def layer_gradients", "def linear_forward", "def softmax_backward",
+                                             "def rope_forward", "def attention_backward", "class GPT:",
+                                             "def forward(self", "def backward(self")]
+    assert order == sorted(order)
+    # RoPE's forward explained: why channel j pairs with j + hs/2, why [-x2, x1] is a turn.
+    above_rope = source[source.index("# Rotary positions"):source.index("def rope_forward")]
+    assert "Channel j pairs with j + hs/2" in above_rope and "[-x2, x1] turns every pair a right angle" in above_rope
+    # A derivation above each backward, and the shape of each gradient it makes beside it (or just above).
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("backward"):
+            assert lines[node.lineno - 2].lstrip().startswith("#"), node.name
+            for number in range(node.body[0].lineno, node.end_lineno + 1):
+                line = lines[number - 1]
+                if re.match(r"\s*d(?!outs\b)\w+ \+?= ", line):
+                    assert "# (" in line or lines[number - 2].strip().endswith(")"), (node.name, line)
+    # What is not the lesson is in workbook.py: sampling, the optimizers, the check's table, the workbook, the demo.
+    for name in ("generate", "filter_logits", "AdamW", "Muon", "newton_schulz", "Row", "check", "check_model",
+                 "exercises", "main"):
+        assert hasattr(workbook, name) and not hasattr(gpt_numpy, name), name
+    assert not hasattr(gpt_numpy.GPT, "generate")
 
 
 # ------------------------------------------------------------------------------------------------ a weight for each map
@@ -169,12 +209,12 @@ def test_the_keys_bias_has_a_gradient_of_zero_with_learned_positions_and_not_wit
 # ---------------------------------------------------------------------------------------------------- the check table
 def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
     lines = []
-    assert gpt_numpy.check(log=lines.append)
+    assert workbook.check(log=lines.append)
     table = "\n".join(lines)
     for layer in ("crossentropy", "linear", "layernorm", "rmsnorm", "gelu", "swiglu", "attention", "attention, rope",
                   "softmax", "rope", "embedding", "model (gpt2): h.1.mlp.c_fc.bias", "model (llama): lm_head.weight"):
         assert f"\n{layer}" in table, layer
-    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "78 ok, 0 WRONG, 0 ERROR"
+    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "82 ok, 0 WRONG, 0 ERROR"
 
 
 def layernorm_without_the_mean(dout, saved, right=gpt_numpy.layernorm_backward):
@@ -194,18 +234,19 @@ def swiglu_without_the_gates_sigmoid(dout, saved):
      "crossentropy: dx"),  # the 1/N dropped
     ("gelu_backward", lambda dout, saved: (dout * 0.5 * (1 + saved[1]), {}), "gelu: dx"),  # half the product rule
     ("swiglu_backward", swiglu_without_the_gates_sigmoid, "swiglu: dgate"),
-    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "attention, rope: dq"),
+    # the piece, checked before the attention that calls it
+    ("rope_backward", lambda dout, saved: (gpt_numpy.rope_forward(dout, *saved)[0], {}), "rope: dx"),
 ])
 def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch, name, broken, first_wrong):
     monkeypatch.setattr(gpt_numpy, name, broken)
     lines = []
-    assert not gpt_numpy.check(log=lines.append)
+    assert not workbook.check(log=lines.append)
     assert re.search(f"WRONG, 0 ERROR: first {re.escape(first_wrong)}$", lines[-1]), lines[-1]
 
 
 def verdicts(lines):
     """{row name: ok, WRONG or ERROR} of a --check table."""
-    return {line[:44].strip(): "ERROR" if "  ERROR  " in line else line.split()[-1] for line in lines[1:-1]}
+    return {line[:44].strip(): line[61:].split()[0] for line in lines[1:-1]}
 
 
 def check_rows(lines):
@@ -220,13 +261,29 @@ def check_rows(lines):
     return rows, models
 
 
+def with_the_workbook(folder):
+    """folder, given workbook.py, the gpt_numpy.py it imports and the known logits it reads (not workbook.json)."""
+    for name in ("workbook.py", "gpt_numpy.py"):
+        shutil.copy(Path(HERE, name), folder / name)
+    (folder / "fixtures").mkdir(exist_ok=True)
+    shutil.copy(Path(HERE, "fixtures", "twin_logits.json"), folder / "fixtures" / "twin_logits.json")
+    return folder
+
+
+def imported(path):
+    """The Python file at path, imported as a module of its own."""
+    spec = importlib.util.spec_from_file_location(f"twin_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def broken_twin(tmp_path, change, to):
     """A copy of gpt_numpy.py with one line changed, imported as a module of its own."""
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
     assert source.count(change) == 1, change  # the line to change is in the file, once
-    path = tmp_path / "broken_twin.py"
+    path = with_the_workbook(tmp_path) / "broken_twin.py"
     path.write_text(source.replace(change, to), encoding="utf-8")
-    shutil.copy(Path(HERE, "workbook.json"), tmp_path / "workbook.json")
     spec = importlib.util.spec_from_file_location(f"broken_twin_{abs(hash(to))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -249,9 +306,9 @@ def broken_twin(tmp_path, change, to):
 def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_its_end(tmp_path, change, to, says):
     twin = broken_twin(tmp_path, change, to)
     lines = []
-    assert not twin.check(log=lines.append)
+    assert not workbook.check(log=lines.append, twin=twin)
     assert "model (llama): " in lines[-2] and any(line.startswith("embedding: ") for line in lines), lines  # to the end
-    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("78 ok")
+    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("82 ok")
     assert says is None or any(says in line for line in lines), lines
     done = run_cli(str(tmp_path / "broken_twin.py"), "--check")
     assert done.returncode == 1 and "Traceback" not in done.stderr and done.stdout.count("\n") >= 12, done.stderr
@@ -259,14 +316,16 @@ def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_i
 
 def test_check_layer_answers_as_the_table_does():
     x = np.random.default_rng(0).standard_normal((4, 5))
-    [right] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 3 * x ** 2, {}), x)
-    [wrong] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 2 * x ** 2, {}), x)
-    [nan] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * np.nan, {}), x)
-    [raised] = gpt_numpy.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout.sum(-1), {}), x)
+    [right] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 3 * x ** 2, {}), x)
+    [wrong] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * 2 * x ** 2, {}), x)
+    [nan] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout * np.nan, {}), x)
+    [raised] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: (dout.sum(-1), {}), x)
     assert (right.verdict, wrong.verdict, nan.verdict, raised.verdict) == ("ok", "WRONG", "WRONG", "ERROR")
     assert right.error < 1e-8 and wrong.error > 0.1 and nan.error == math.inf
     assert re.fullmatch(r"x: ok \(\d\.\de-\d\d, at most 1e-06\)", repr(right)), repr(right)
     assert repr(wrong).startswith("x: WRONG (") and "shape (4,), not x's (4, 5)" in repr(raised)
+    [unpaired] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: dout * 3 * x ** 2, x)  # no dparams
+    assert "ERROR (ValueError: a backward returns a pair: (dx, {" in repr(unpaired), repr(unpaired)
 
 
 def test_check_runs_where_torch_cannot_be_imported():
@@ -274,7 +333,7 @@ def test_check_runs_where_torch_cannot_be_imported():
             "runpy.run_path('gpt_numpy.py', run_name='__main__')")
     done = run_cli("-c", code)
     assert done.returncode == 0, done.stderr
-    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("78 ok, 0 WRONG, 0 ERROR")
+    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("82 ok, 0 WRONG, 0 ERROR")
     closed = subprocess.Popen([sys.executable, "gpt_numpy.py", "--check"], cwd=HERE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     closed.stdout.readline()
@@ -285,7 +344,7 @@ def test_check_runs_where_torch_cannot_be_imported():
 
 def test_the_check_has_a_row_for_each_input_and_each_weight_and_every_one_is_ok():
     lines = []
-    assert gpt_numpy.check(log=lines.append)
+    assert workbook.check(log=lines.append)
     rows = verdicts(lines)
     assert set(rows.values()) == {"ok"} and lines[-1] == f"{len(rows)} ok, 0 WRONG, 0 ERROR"
     for name in ("swiglu: dgate", "swiglu: dup", "attention: dq", "attention: dk", "attention: dv",
@@ -301,12 +360,96 @@ def test_a_model_gradient_of_zeros_is_wrong_where_the_true_one_is_not(tmp_path):
     # Every gradient of the model zero: no scale of its own, yet never ok against finite differences that are not.
     twin = broken_twin(tmp_path, 'grads[f"{params or name}.{key}"] += g', 'grads[f"{params or name}.{key}"] += 0 * g')
     lines = []
-    assert not twin.check(log=lines.append)
+    assert not workbook.check(log=lines.append, twin=twin)
     rows = verdicts(lines)
     model = {name: v for name, v in rows.items() if name.startswith("model (")}
     # The keys' bias of GPT-2's block aside, whose true gradient is zero too.
     assert len(model) > 50 and all(v == "WRONG" for n, v in model.items() if not n.endswith("attn.c_k.bias")), model
     assert all(v == "ok" for name, v in rows.items() if name not in model)
+
+
+def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches_and_the_rest_run(tmp_path):
+    change = "return p * (dout - (dout * p).sum(-1, keepdims=True)), {}"
+    twin = broken_twin(tmp_path, change, "return p * (dout - (dout * p).sum(-1)), {}")  # a lost keepdims
+    source = Path(twin.__file__).read_text(encoding="utf-8")
+    line = source.split(change.replace(", keepdims=True", ""))[0].count("\n") + 1
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin)
+    rows = verdicts(lines)
+    assert len(rows) == 82 and lines[-1].endswith("ERROR: first softmax: dx")  # every row, the piece first
+    where = f"ValueError: operands could not be broadcast together with shapes (2,5,5) (2,5) (in softmax_backward, " \
+            f"broken_twin.py:{line})"
+    assert any(row.startswith("softmax: dx") and row.endswith(where) for row in lines), lines
+    raised = [row for row in lines if row[61:].startswith("ERROR")]
+    assert all(f"(in softmax_backward, broken_twin.py:{line})" in row for row in raised)
+    # What does not call softmax runs and passes; each model tensor gets its own ERROR row.
+    assert {name for name, v in rows.items() if v == "ERROR"} == {"softmax: dx"} | {
+        name for name in rows if name.startswith(("attention", "model ("))}
+    assert all(v == "ok" for name, v in rows.items() if name.startswith(("linear", "layernorm", "rope:", "forward")))
+
+
+@pytest.mark.parametrize("name, broken, says", [
+    ("crossentropy_backward", lambda dloss, saved: ((saved[0] - np.eye(saved[0].shape[-1])[saved[1]]) * dloss, {}),
+     "crossentropy: dx .* WRONG  off by a factor of 10$"),  # the 1/N of N = 10 positions dropped
+    ("softmax_backward", lambda dout, p: (-p * (dout - (dout * p).sum(-1, keepdims=True)), {}),
+     "softmax: dx .* WRONG  the sign$"),
+    ("gelu_backward", lambda dout, saved, right=gpt_numpy.gelu_backward: (0.5 * right(dout, saved)[0], {}),
+     "gelu: dx .* WRONG  off by a factor of 0.5$"),
+    ("rmsnorm_backward", lambda dout, saved: (2 * saved[1] * dout * saved[2],
+                                              {"weight": (dout * saved[0]).sum((0, 1))}),
+     r"rmsnorm: dx .* WRONG  first entries that differ, ours vs finite differences: -?[\d.]+(e[-+]\d+)? vs -?\d"),
+])
+def test_a_wrong_row_says_its_constant_factor_or_its_first_entries(monkeypatch, name, broken, says):
+    monkeypatch.setattr(gpt_numpy, name, broken)
+    lines = []
+    assert not workbook.check(log=lines.append)
+    assert any(re.search(says, row) for row in lines), "\n".join(lines)
+
+
+def test_check_name_runs_one_layers_rows_then_what_calls_it_and_the_models_that_use_it(capsys):
+    for name, layers, blocks in (("layernorm", ["layernorm"], ["gpt2"]),
+                                 ("softmax", ["softmax", "attention", "attention, rope"], ["gpt2", "llama"]),
+                                 ("rope", ["rope", "attention, rope"], ["llama"]), ("model", [], ["gpt2", "llama"])):
+        lines = []
+        assert workbook.check(log=lines.append, only=name)
+        rows = list(verdicts(lines))
+        layer_rows = [row for row in rows if "(" not in row]
+        # The layer's rows first, then those of the layers that call it, then the models'.
+        assert list(dict.fromkeys(row.split(": ")[0] for row in layer_rows)) == layers
+        assert rows[:len(layer_rows)] == layer_rows
+        assert {row[row.index("(") + 1:row.index(")")] for row in rows if "(" in row} == set(blocks)
+    with pytest.raises(SystemExit) as exit_info:
+        workbook.main(["--check", "layernorm"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("layer input")
+    with pytest.raises(SystemExit) as exit_info:
+        workbook.main(["--check", "layer_norm"])
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message.count("\n") == 1
+    assert "'layernorm'" in message and "'layer_norm'" in message
+
+
+@pytest.mark.parametrize("change, to, wrong", [
+    ("k=1)", "k=2)", {"forward (gpt2): causality", "forward (gpt2): known logits", "forward (llama): causality",
+                      "forward (llama): known logits"}),  # each position sees the next token
+    ("scale = 1 / math.sqrt(hs)", "scale = 1 / hs", {"forward (gpt2): known logits", "forward (llama): known logits"}),
+])
+def test_a_forward_that_has_left_gpt_py_fails_the_forward_rows(tmp_path, change, to, wrong):
+    twin = broken_twin(tmp_path, change, to)
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin)
+    # Every gradient still agrees with finite differences of this forward: only the forward's rows can see it.
+    assert {name for name, v in verdicts(lines).items() if v != "ok"} == wrong
+    assert lines[-1].endswith(f"first {sorted(wrong)[0]}") and "vs gpt.py's" in "\n".join(lines)
+
+
+def test_the_first_wrong_row_names_the_piece_not_what_calls_it(monkeypatch):
+    half = lambda dout, p: (0.5 * p * (dout - (dout * p).sum(-1, keepdims=True)), {})
+    monkeypatch.setattr(gpt_numpy, "softmax_backward", half)
+    lines = []
+    assert not workbook.check(log=lines.append)
+    rows = verdicts(lines)
+    assert rows["attention: dq"] == rows["attention, rope: dk"] == "WRONG"  # the callers turn too
+    assert lines[-1].endswith("first softmax: dx")
 
 
 # ------------------------------------------------------------------------------------ the check against in-place writes
@@ -326,7 +469,7 @@ def test_check_layer_is_not_fooled_by_a_backward_that_writes_into_its_arrays():
         return dout * 3 * x ** 2, {}  # the gradient at x + 1
 
     for backward in (scales_dout, adds_to_x):
-        [row] = gpt_numpy.check_layer(cube_forward, backward, x)
+        [row] = workbook.check_layer(cube_forward, backward, x)
         assert row.verdict == "WRONG" and row.error > 0.1, (backward.__name__, row)
 
 
@@ -355,7 +498,7 @@ def test_check_layer_passes_a_right_gradient_whatever_forward_and_backward_write
 
     for forward, backward, params in ((cube_in_place, right_in_place, {}), (cube_forward, right_in_place, {}),
                                       (scale_forward, spoils_the_weight, dict(weight=np.linspace(1, 2, 5)))):
-        rows = gpt_numpy.check_layer(forward, backward, x, **params)
+        rows = workbook.check_layer(forward, backward, x, **params)
         assert [row.verdict for row in rows] == ["ok"] * (1 + len(params)), (forward.__name__, rows)
     assert np.array_equal(x, kept)  # the caller's array as it was
 
@@ -373,10 +516,11 @@ def test_an_in_place_write_in_linear_backward_turns_its_rows(tmp_path, change, t
     twin = broken_twin(tmp_path, change, to)
     x = np.random.default_rng(1).standard_normal((2, 5, 8))
     weight = np.random.default_rng(2).standard_normal((3, 8))
-    rows = twin.check_layer(twin.linear_forward, twin.linear_backward, x, weight=weight, bias=np.ones(3))
+    rows = workbook.check_layer(twin.linear_forward, twin.linear_backward, x, weight=weight, bias=np.ones(3),
+                                 twin=twin)
     assert {f"linear: d{row.name}" for row in rows if row.verdict == "WRONG"} == wrong, rows
     lines = []
-    assert not twin.check(log=lines.append)
+    assert not workbook.check(log=lines.append, twin=twin)
     rows = verdicts(lines)
     assert {name for name, v in rows.items() if v != "ok" and not name.startswith("model (")} == wrong
     assert rows["model (gpt2): h.0.attn.c_q.weight"] == rows["model (llama): h.0.attn.c_q.weight"] == "WRONG"
@@ -385,7 +529,7 @@ def test_an_in_place_write_in_linear_backward_turns_its_rows(tmp_path, change, t
 def test_a_right_backward_that_spoils_its_weight_after_use_still_passes_everywhere(tmp_path):
     twin = broken_twin(tmp_path, LINEAR_END, LINEAR_END.replace("    return", "    weight *= 1.5\n    return"))
     lines = []
-    assert twin.check(log=lines.append), "\n".join(lines)
+    assert workbook.check(log=lines.append, twin=twin), "\n".join(lines)
 
 
 @pytest.mark.parametrize("name", ["gelu_backward", "rmsnorm_backward"])
@@ -398,47 +542,156 @@ def test_the_tables_row_turns_for_a_layer_that_scales_dout_in_place(monkeypatch,
 
     monkeypatch.setattr(gpt_numpy, name, scales_dout)
     lines = []
-    assert not gpt_numpy.check(log=lines.append)
+    assert not workbook.check(log=lines.append)
     layer = name[:-len("_backward")]
     assert verdicts(lines)[f"{layer}: dx"] == "WRONG"
 
 
 # ---------------------------------------------------------------------------------------------------- the workbook
-def test_every_exercise_of_the_workbook_turns_the_rows_its_answer_names(tmp_path):
-    exercises = gpt_numpy.exercises()
-    assert len(exercises) >= 10
-    for number, exercise in enumerate(exercises, 1):
+def turning(said, tensors):
+    """The tensors an answer says turn: "all", "all but PATTERN, ...", "PATTERN, ..." or nothing."""
+    if said in ("", "all"):
+        return set(tensors) if said else set()
+    patterns = said.removeprefix("all but ").split(", ")
+    named = {t for t in tensors if any(fnmatch.fnmatchcase(t, p) for p in patterns)}
+    assert all(any(fnmatch.fnmatchcase(t, p) for t in tensors) for p in patterns), said  # each pattern names one
+    return set(tensors) - named if said.startswith("all but ") else named
+
+
+def test_every_exercise_of_the_workbook_turns_the_rows_and_tensors_its_answer_names(tmp_path):
+    exercises = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" not in ex]
+    assert len(exercises) >= 18
+    for number, exercise in exercises:
         twin = broken_twin(tmp_path, exercise["change"], exercise["to"])
         lines = []
-        assert not twin.check(log=lines.append), number
+        assert not workbook.check(log=lines.append, twin=twin), number
         assert check_rows(lines) == (exercise["rows"], exercise["models"]), (number, exercise["title"])
-        answer = gpt_numpy.exercise_text(number, answer=True)
+        answer = workbook.exercise_text(number, answer=True)
         assert all(name in answer for name in [*exercise["rows"], *exercise["models"]]), answer
-        assert exercise["change"] in gpt_numpy.exercise_text(number) and "--answer" in gpt_numpy.exercise_text(number)
+        assert exercise["change"] in workbook.exercise_text(number) and "--answer" in workbook.exercise_text(number)
+        # Which tensors of each model turn, as the answer says, and why.
+        rows = verdicts(lines)
+        for block, switches in (("gpt2", GPT2), ("llama", LLAMA)):
+            tensors = gpt_numpy.init_params(workbook.model_config(gpt_numpy, switches))
+            turned = {t for t in tensors if rows[f"model ({block}): {t}"] != "ok"}
+            said = exercise["tensors"].get(block, "")
+            assert turned == turning(said, tensors), (number, block, sorted(turned))
+            assert not said or f"{block}: {said}" in " ".join(answer.split()), answer
+        assert exercise["tensors_why"] in " ".join(answer.split()), answer
+
+
+# A realistic wrong answer to each write exercise, easiest to hardest: a change to the reference body, and the row
+# of --check that must turn WRONG.
+WRONG_ANSWERS = {
+    "gelu_backward": ("0.5 * (1 + t) + 0.5 * x * dt_dx", "0.5 * (1 + t)", "gelu: dx"),  # the product rule's half
+    "swiglu_backward": ("dout * up * (s + gate * s * (1 - s))", "dout * up * s", "swiglu: dgate"),  # silu' as s
+    "linear_backward": ("dout2.T @ x.reshape(-1, x.shape[-1])", "dout[0].T @ x[0]", "linear: dweight"),  # no sum
+    "embedding_backward": ("np.add.at(dweight, idx, dout)", "dweight[idx] = dout", "embedding: dweight"),
+    "crossentropy_backward": ("(dloss / targets.size)", "dloss", "crossentropy: dx"),  # no 1/N
+    "softmax_backward": ("p * (dout - (dout * p).sum(-1, keepdims=True))", "p * dout", "softmax: dx"),  # a term lost
+    "rope_backward": ("rope_forward(dout, cos, -sin)", "rope_forward(dout, cos, sin)", "rope: dx"),  # no transpose
+    "rmsnorm_backward": ("rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))", "rstd * g", "rmsnorm: dx"),
+    "layernorm_backward": ("g - g.mean(-1, keepdims=True) - xhat", "g - xhat", "layernorm: dx"),  # the mean's path
+    "attention_backward": ("dscores.transpose(0, 1, 3, 2) @ q", "dscores @ q", "attention: dk"),  # no transpose
+    "GPT.backward": ('dx = dx + back(block + "ln_1", norm, dh)', 'dx = back(block + "ln_1", norm, dh)',
+                     "model (gpt2): wte.weight"),  # the residual's own path dropped
+}
+
+
+def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_answer_passes(tmp_path):
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
+    writes = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" in ex]
+    assert [ex["function"] for _, ex in writes] == list(WRONG_ANSWERS)  # every backward, the model's last
+    for number, ex in writes:
+        path, made = workbook.start_exercise(number, twin)
+        assert made and path == str(tmp_path / f"exercise_{number}.py")
+        blank = Path(path).read_text(encoding="utf-8")
+        hole = re.search(r"\n( *raise NotImplementedError\(.*\)\n)", blank).group(1)
+        body = workbook.blanked(source, ex["function"])[1]
+        # The body alone is gone: the comments above it, the hint, stay.
+        assert blank.replace(hole, body) == source and body.strip() not in blank
+        # Unwritten, it raises: each of its rows says where, in one line, and the others still run.
+        lines = []
+        assert not workbook.check(twin=imported(path), only=ex["check"], log=lines.append)
+        line = blank[:blank.index(hole)].count("\n") + 1
+        raised = [row for row in lines[1:-1] if row[61:].startswith("ERROR")]
+        assert raised and all(f"NotImplementedError: {ex['function']}: its body is yours to write (in "
+                              f"{ex['function'].split('.')[-1]}, exercise_{number}.py:{line})" in row
+                              for row in raised), lines
+        # The answer shows the reference body, and it passes.
+        assert textwrap.indent(textwrap.dedent(body), "    ").rstrip() in workbook.exercise_text(number, answer=True)
+        Path(path).write_text(blank.replace(hole, body), encoding="utf-8")
+        lines = []
+        assert workbook.check(twin=imported(path), only=ex["check"], log=lines.append), lines
+        # A realistic wrong answer is WRONG at its row.
+        change, to, row = WRONG_ANSWERS[ex["function"]]
+        assert body.count(change) == 1, change
+        Path(path).write_text(blank.replace(hole, body.replace(change, to)), encoding="utf-8")
+        lines = []
+        assert not workbook.check(twin=imported(path), only=ex["check"], log=lines.append,
+                                  models=ex["check"] == "model")
+        assert verdicts(lines)[row] == "WRONG", (number, lines)
+        assert re.search(f"first {re.escape(row)}$", lines[-1]) or ex["check"] == "model", lines[-1]
+        # The learner's work is never written over.
+        assert workbook.start_exercise(number, twin) == (path, False)
+        assert body.replace(change, to) in Path(path).read_text(encoding="utf-8")
+
+
+def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir):
+    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+    readme = Path(HERE, "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```\n(.*?)```", readme[readme.index("**The workbook**"):], re.S).group(1)
+    commands = [line.split("#")[0].split()[1:] for line in block.splitlines()]
+    assert [c[0] for c in commands] == ["gpt_numpy.py", "gpt_numpy.py", "exercise_24.py", "gpt_numpy.py"], commands
+    listed = run_cli(*commands[0], cwd=twin_dir).stdout
+    # 18 to break a line, then 11 to write a body.
+    kinds = ["check" in ex for ex in workbook.exercises()]
+    assert listed.count("\n") == len(kinds) == 29 and kinds == [False] * 18 + [True] * 11
+    assert "\n24. softmax_backward: write softmax's backward\n" in listed
+    started = run_cli(*commands[1], cwd=twin_dir)
+    assert started.returncode == 0 and "python exercise_24.py --check softmax" in started.stdout, started
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    assert (twin_dir / "exercise_24.py").read_text(encoding="utf-8") == workbook.blanked(source, "softmax_backward")[0]
+    graded = run_cli(*commands[2], cwd=twin_dir)
+    assert graded.returncode == 1 and "Traceback" not in graded.stderr, graded.stderr
+    assert re.search(r"softmax: dx +ERROR  NotImplementedError: .* \(in softmax_backward, exercise_24.py:\d+\)\n",
+                     graded.stdout), graded.stdout
+    assert graded.stdout.rstrip().endswith("ERROR: first softmax: dx")
+    answer = run_cli(*commands[3], cwd=twin_dir)
+    body = "    return p * (dout - (dout * p).sum(-1, keepdims=True)), {}"
+    assert answer.returncode == 0 and body in answer.stdout, answer
+    # The body written as the answer has it, the same check passes.
+    again = run_cli(*commands[1], cwd=twin_dir)
+    assert again.returncode == 0 and "is there already, your work in it: it is kept" in again.stdout
+    mine = twin_dir / "exercise_24.py"
+    mine.write_text(mine.read_text(encoding="utf-8").replace(
+        '    raise NotImplementedError("softmax_backward: its body is yours to write")\n', f"    p = saved\n{body}\n"))
+    graded = run_cli(*commands[2], cwd=twin_dir)
+    assert graded.returncode == 0 and graded.stdout.rstrip().endswith("ok, 0 WRONG, 0 ERROR"), graded.stdout
 
 
 def test_the_workbook_from_the_command_line(capsys):
-    gpt_numpy.main(["--exercise", "list"])
+    workbook.main(["--exercise", "list"])
     listed = capsys.readouterr().out
-    assert listed.count("\n") == len(gpt_numpy.exercises()) and "layernorm_backward" in listed
-    gpt_numpy.main(["--exercise", "5"])
+    assert listed.count("\n") == len(workbook.exercises()) and "layernorm_backward" in listed
+    workbook.main(["--exercise", "5"])
     question = capsys.readouterr().out
     assert "Predict" in question and "Why" not in question and "gpt2 (WRONG)" not in question
-    gpt_numpy.main(["--exercise", "5", "--answer"])
+    workbook.main(["--exercise", "5", "--answer"])
     assert "Why: " in capsys.readouterr().out
     for args, says in ((["--exercise", "0"], "a number from 1 to"), (["--exercise", "x"], "a number from 1 to"),
                        (["--answer"], "--answer goes with --exercise N")):
         with pytest.raises(SystemExit) as exit_info:
-            gpt_numpy.main(args)
+            workbook.main(args)
         message = exit_info.value.code if isinstance(exit_info.value.code, str) else capsys.readouterr().err
         assert says in message and exit_info.value.code != 0, message
 
 
 @pytest.fixture
 def twin_dir(tmp_path):
-    """A folder holding a copy of gpt_numpy.py, and no workbook."""
-    shutil.copy(Path(HERE, "gpt_numpy.py"), tmp_path / "gpt_numpy.py")
-    return tmp_path
+    """A folder holding a copy of gpt_numpy.py and workbook.py, and no workbook.json."""
+    return with_the_workbook(tmp_path)
 
 
 def assert_one_line(done, *says, code=1):
@@ -483,6 +736,8 @@ WORKBOOK = Path(HERE, "workbook.json").read_bytes()
     pytest.param(without(2, "title"), 'is broken (exercise 2 has no "title")', id="no title"),
     pytest.param(changed(3, "rows", []), 'is broken (exercise 3\'s "rows" is a list, not an object)', id="rows"),
     pytest.param(changed(4, "why", None), 'is broken (exercise 4\'s "why" is null, not text)', id="why"),
+    pytest.param(changed(19, "check", "layer_norm"),
+                 "exercise 19's \"check\" is 'layer_norm', not a name --check takes", id="check"),
     pytest.param(changed(5, "models", {"gpt2": "wrong"}), "gives gpt2 the verdict 'wrong', not \"WRONG\" or \"ERROR\"",
                  id="verdict"),
 ])
@@ -498,16 +753,17 @@ def test_a_bad_workbook_is_one_line_naming_it_and_what_is_wrong(twin_dir, conten
 
 
 def test_the_workbook_as_it_comes_passes_its_own_shape_check():
-    exercises = gpt_numpy.exercises()
-    assert gpt_numpy.workbook_problem(exercises) is None and len(exercises) >= 18
+    exercises = workbook.exercises()
+    assert workbook.workbook_problem(exercises) is None and len(exercises) >= 18
 
 
 # ---------------------------------------------------------------------------------------- the demo and its command line
 @pytest.mark.parametrize("content, match", [
     (None, "there is no such file"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),
     (bytes(range(256)) * 40, "it is not UTF-8 text"),
+    (b"\0" * 2000 + TEXT[:2000].encode(), "holds NUL bytes, so it is binary data, not a text"),  # valid UTF-8
     (b"", "has 0 characters"), (b"a", "has 1 characters"), (b"hello world", "has 11 characters"),
-], ids=["missing", "folder", "device", "binary", "empty", "one character", "eleven characters"])
+], ids=["missing", "folder", "device", "binary", "NULs", "empty", "one character", "eleven characters"])
 def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, content, match):
     path = tmp_path / "text"
     if content == "/dev/zero":

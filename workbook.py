@@ -1,0 +1,782 @@
+"""What gpt_numpy.py, the lesson, is used with, in NumPy alone: sampling, AdamW and Muon, the
+check's table, the workbook of exercises and the demo's command line (python gpt_numpy.py ...)."""
+import argparse
+import ast
+import json
+import math
+import os
+import sys
+import textwrap
+import time
+import traceback
+
+import numpy as np
+
+import gpt_numpy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The logits gpt.py gives the check's two models with fixed_weights (fixtures/make_twin_logits.py).
+KNOWN_LOGITS = os.path.join(HERE, "fixtures", "twin_logits.json")
+
+
+# --------------------------------------------------------------------------------------- sampling
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """gpt.GPT.generate for a gpt_numpy.GPT, without a KV cache: each token from a full forward over
+    the last block_size tokens. generator: np.random.default_rng(seed), to repeat a sample."""
+    generator = generator or np.random.default_rng()
+    for _ in range(max_new_tokens):
+        window = idx[:, -model.config.block_size:]
+        logits = model.forward(window)[0][:, -1, :].astype(np.float64)  # (B, vocab_size)
+        if temperature == 0:
+            next_id = logits.argmax(-1)
+        else:
+            # As gpt.py: less the max, over a temperature of at least 1e-30.
+            logits = (logits - logits.max(-1, keepdims=True)) / max(temperature, 1e-30)
+            probs = gpt_numpy.softmax_forward(filter_logits(logits, top_k, top_p))[0]
+            next_id = np.array([generator.choice(len(row), p=row) for row in probs])
+        idx = np.concatenate([idx, next_id[:, None]], axis=1)
+    return idx
+
+
+def filter_logits(logits, top_k=None, top_p=None):
+    """gpt.filter_logits: -inf for each logit outside the top_k, then outside the nucleus, the
+    fewest likeliest tokens whose probability reaches top_p. The likeliest token always stays."""
+    if top_k is not None:
+        kth = np.sort(logits, axis=-1)[..., -min(top_k, logits.shape[-1]), None]  # (B, 1)
+        logits = np.where(logits < kth, -np.inf, logits)
+    if top_p is not None:
+        # The likeliest first.
+        order = np.argsort(-logits, axis=-1, kind="stable")
+        probs = np.take_along_axis(gpt_numpy.softmax_forward(logits)[0], order, axis=-1)
+        # A token goes when those before it already reach top_p; the likeliest stays.
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        drop_sorted[..., 0] = False
+        drop = np.empty(logits.shape, dtype=bool)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        logits = np.where(drop, -np.inf, logits)
+    return logits
+
+
+# ------------------------------------------------------------------------------------- optimizers
+class AdamW:
+    """torch.optim.AdamW, step for step, with gpt.py's grouping: weight decay on matrices only."""
+
+    def __init__(self, params, lr, weight_decay=0.1, betas=(0.9, 0.99), eps=1e-8):
+        self.params = params
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.betas = betas
+        self.eps = eps
+        self.m = {name: np.zeros_like(w) for name, w in params.items()}
+        self.v = {name: np.zeros_like(w) for name, w in params.items()}
+        self.t = 0
+
+    def step(self, grads):
+        self.t += 1
+        b1, b2 = self.betas
+        for name, w in self.params.items():
+            g = grads[name]
+            # Decoupled: the decay shrinks the weight, and never enters the moments.
+            if w.ndim >= 2:
+                w *= 1 - self.lr * self.weight_decay
+            self.m[name] = b1 * self.m[name] + (1 - b1) * g
+            self.v[name] = b2 * self.v[name] + (1 - b2) * g * g
+            # Bias correction undoes the moments' start at zero.
+            denom = np.sqrt(self.v[name]) / math.sqrt(1 - b2 ** self.t) + self.eps
+            w -= self.lr / (1 - b1 ** self.t) * self.m[name] / denom
+
+
+def newton_schulz(g, steps=5):
+    """About U V^T for g = U S V^T: g's directions, each singular value pushed to about 1. Muon's
+    update, as torch.optim.Muon computes it (in bfloat16 there, in g's own type here)."""
+    # A gradient matrix is dominated by a few directions, its largest singular values, and momentum
+    # SGD moves the weights mostly along those. Muon moves along every direction the gradient names
+    # by about the same amount. An SVD per step would be slow. An odd polynomial of x,
+    # a x + b (x x^T) x + c (x x^T)^2 x, acts on each singular value s alone: a s + b s^3 + c s^5.
+    # Five rounds of this one carry every s between 0.003 and 1 (after the scaling below) to
+    # between 0.68 and 1.2: not exactly 1, which does no harm, in a few matrix products.
+    a, b, c = 3.4445, -4.7750, 2.0315
+    wide = g.shape[0] <= g.shape[1]
+    # (m, n) with m <= n, so that x x^T is the smaller of the two products.
+    x = g if wide else g.T
+    # The Frobenius norm is at least the largest singular value: every s starts in [0, 1].
+    x = x / max(np.linalg.norm(x), 1e-7)
+    for _ in range(steps):
+        gram = x @ x.T  # (m, m)
+        x = a * x + (b * gram + c * gram @ gram) @ x  # (m, n)
+    return x if wide else x.T
+
+
+class Muon:
+    """torch.optim.Muon, step for step (Nesterov momentum, its default), for the matrices gpt.py
+    gives it: the blocks' 2-D weights. The rest stays with AdamW."""
+
+    def __init__(self, params, lr=0.01, weight_decay=0.1, momentum=0.95):
+        self.params = params
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.momentum = momentum
+        self.buf = {name: np.zeros_like(w) for name, w in params.items()}
+
+    def step(self, grads):
+        mu = self.momentum
+        for name, w in self.params.items():
+            g = grads[name]
+            self.buf[name] = mu * self.buf[name] + (1 - mu) * g
+            # Nesterov: the step looks ahead, along the gradient mixed once more with the momentum.
+            update = newton_schulz((1 - mu) * g + mu * self.buf[name])
+            # Scaled by sqrt(rows / columns) where taller than wide, the update's entries are about
+            # 1 / sqrt(columns) in size, whatever the matrix's shape.
+            lr = self.lr * math.sqrt(max(1, w.shape[0] / w.shape[1]))
+            w *= 1 - self.lr * self.weight_decay
+            w -= lr * update
+
+
+
+
+# -------------------------------------------------------------------------------------- the check
+class Row:
+    """One row of the check: a gradient's name and its largest relative error against finite
+    differences, ok when at most the tolerance, else WRONG with what kind of wrong; or ERROR, with
+    the one line of the exception raised and where in the learner's code."""
+
+    def __init__(self, name, error=math.inf, tolerance=1e-6, raised=None, detail=""):
+        self.name = name
+        self.error = error
+        self.tolerance = tolerance
+        self.raised = raised
+        self.detail = detail
+
+    @property
+    def verdict(self):
+        if self.raised is not None:
+            return "ERROR"
+        return "ok" if self.error <= self.tolerance else "WRONG"
+
+    def __str__(self):
+        if self.raised is not None:
+            return f"{self.name:44s} {'':14s}  ERROR  {self.raised}"
+        detail = f"  {self.detail}" if self.verdict == "WRONG" and self.detail else ""
+        return f"{self.name:44s} {self.error:14.1e}  {self.verdict}{detail}"
+
+    def __repr__(self):
+        if self.raised is not None:
+            return f"{self.name}: ERROR ({self.raised})"
+        return f"{self.name}: {self.verdict} ({self.error:.1e}, at most {self.tolerance:g})"
+
+
+def compared(name, ours, reference, tolerance, scale=None, versus="finite differences"):
+    """The Row of a gradient against finite differences, saying how it is wrong when it is."""
+    error = gpt_numpy.rel_error(ours, reference, scale)
+    return Row(name, error, tolerance, detail=how_wrong(ours, reference, versus))
+
+
+def how_wrong(ours, reference, versus="finite differences"):
+    """A wrong gradient's kind in a few words: a constant factor from the right one when it is one
+    (the sign, a missing 1/N), else its first entries beside the right ones, as llm.c's
+    check_tensor prints them."""
+    ours = np.asarray(ours, dtype=np.float64).ravel()
+    reference = np.asarray(reference, dtype=np.float64).ravel()
+    if not np.isfinite(reference).all():
+        return "the forward gives NaN or inf"
+    if not np.isfinite(ours).all():
+        return "it holds NaN or inf"
+    if not np.abs(ours).max() > 0:
+        return "it is all zeros"
+    norm = reference @ reference
+    if norm > 0:
+        factor = (ours @ reference) / norm
+        # Ours is the right one times a constant, to within the differences' own error; a factor
+        # of about 1 says nothing.
+        close = np.abs(ours - factor * reference).max() <= 1e-5 * np.abs(ours).max()
+        if close and abs(factor - 1) > 1e-3:
+            return "the sign" if abs(factor + 1) < 1e-6 else f"off by a factor of {factor:.4g}"
+    # The first entries that differ by more than a millionth of the largest.
+    differ = np.abs(ours - reference) > 1e-6 * max(np.abs(ours).max(), np.abs(reference).max())
+    first = np.flatnonzero(differ)[:3]
+    pairs = ", ".join(f"{ours[i]:.6g} vs {reference[i]:.6g}" for i in first)
+    return f"first entries that differ, ours vs {versus}: {pairs}"
+
+
+def raised_here(error, twin):
+    """An exception in one line: its type, its message's first line and, where it passed through
+    twin's file (the learner's code), the function and the file:line where it last did."""
+    lines = str(error).strip().splitlines()
+    said = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    source = os.path.abspath(getattr(twin, "__file__", "") or "")
+    ours = [frame for frame in traceback.extract_tb(error.__traceback__)
+            if os.path.abspath(frame.filename) == source]
+    if ours:
+        said += f" (in {ours[-1].name}, {os.path.basename(source)}:{ours[-1].lineno})"
+    return said
+
+
+# A broken backward's NaN or overflow makes a WRONG row, and no warning beside it.
+@np.errstate(all="ignore")
+def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **params):
+    """[Row for x, then for each parameter]: gpt_numpy.layer_gradients in float64, each row ok or
+    WRONG with its largest relative error and the tolerance; if forward or backward raises, each
+    row ERROR, saying where in twin's file (a learner's copy) it did. A layer of several inputs
+    gets them as a dict, {"gate": g, "up": u}, in its forward's order."""
+    inputs = x if isinstance(x, dict) else {"x": x}
+    try:
+        # gpt_numpy's own check, never the learner's copy of it: a row points at the learner's code.
+        found = gpt_numpy.layer_gradients(forward, backward, inputs, params, seed)
+    except Exception as e:
+        raised = raised_here(e, twin)
+        # Integers, the embedding's indices, have no gradient and no row.
+        names = [name for name, value in inputs.items() if np.asarray(value).dtype.kind == "f"]
+        return [Row(name, raised=raised) for name in names + list(params)]
+    return [compared(name, grad, numeric, tolerance) for name, grad, numeric in found]
+
+
+GPT2 = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True)
+LLAMA = dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False, tie_weights=False)
+# The check's models: a batch of B sequences of T tokens, width C, nh heads, a vocabulary of V.
+B, T, C, NH, V = 2, 5, 8, 2, 7
+
+
+def model_config(twin, switches):
+    return twin.GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=NH, n_embd=C, **switches)
+
+
+@np.errstate(all="ignore")
+def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
+    """Rows for every tensor of a 2-layer GPT of that block: 12 entries of each gradient against
+    finite differences, measured against the scale of its whole gradient, or a hundredth of the
+    model's largest entry where that is more. If the forward or backward raises, every tensor's
+    row is ERROR, saying where."""
+    targets = rng.integers(0, V, (B, T))
+    idx = rng.integers(0, V, (B, T))
+    config = model_config(twin, switches)
+    # Gains and biases away from 1 and 0, where they would hide errors.
+    params = {name: w + 0.3 * rng.standard_normal(w.shape)
+              for name, w in twin.init_params(config, seed=1, dtype=np.float64).items()}
+    picked = {name: [np.unravel_index(i, w.shape)
+                     for i in rng.choice(w.size, min(w.size, 12), replace=False)]
+              for name, w in params.items()}
+
+    def fresh():
+        # Copies for each model: a layer that writes into the weights, the indices or the targets
+        # in place cannot move what the finite differences measure.
+        return twin.GPT(config, {name: w.copy() for name, w in params.items()})
+
+    try:
+        model = fresh()
+        model.forward(idx.copy(), targets.copy())
+        grads = model.backward()
+        # In GPT-2's block the keys' bias has a gradient of zero: it adds q.b to every score of a
+        # query's row, and softmax ignores a shift the whole row shares (rope turns b by another
+        # angle at each position, and so gives it a gradient). Its finite differences are
+        # rounding noise alone, with no scale of their own to be relative to.
+        floor = max(np.abs(g).max() for g in grads.values()) / 100
+    except Exception as e:
+        raised = raised_here(e, twin)
+        return [Row(f"model ({block}): {name}", raised=raised) for name in params]
+
+    def loss():
+        return fresh().forward(idx.copy(), targets.copy())[1]
+
+    rows = []
+    for name, w in params.items():
+        name_of_row = f"model ({block}): {name}"
+        try:
+            numeric = gpt_numpy.numerical_gradient(loss, w, picked[name])
+            analytic = np.array([grads[name][i] for i in picked[name]])
+            # With numeric's own scale: a gradient of zeros is never right where it is not.
+            scale = max(np.abs(grads[name]).max(), np.abs(numeric).max(), floor)
+            rows.append(compared(name_of_row, analytic, numeric, tolerance, scale))
+        except Exception as e:
+            rows.append(Row(name_of_row, raised=raised_here(e, twin)))
+    return rows
+
+
+def fixed_weights(config, dtype=np.float64):
+    """Weights from a formula, the same on every machine and no random generator's: each tensor's
+    entries 0.5 sin(0.7 k + n + 1) for its k-th entry and its n-th name in sorted order, gains
+    and biases included (off 1 and 0); shaped and named as gpt_numpy.init_params makes them."""
+    shapes = {name: w.shape for name, w in gpt_numpy.init_params(config).items()}
+    return {name: (0.5 * np.sin(0.7 * np.arange(math.prod(shape)) + n + 1)).reshape(shape)
+            .astype(dtype) for n, (name, shape) in enumerate(sorted(shapes.items()))}
+
+
+def fixed_ids():
+    """The ids the known logits are for, (B, T), a token repeated among them."""
+    return (3 * np.arange(B * T) + 1).reshape(B, T) % V
+
+
+@np.errstate(all="ignore")
+def check_forward(block, switches, tolerance=1e-6, twin=gpt_numpy):
+    """Two rows that hold the forward itself, which finite differences of it cannot: causality
+    (the logits at a position do not move when a later token changes) and the logits gpt.py gives
+    for fixed weights (fixtures/twin_logits.json)."""
+    config = model_config(twin, switches)
+    params = fixed_weights(config)
+    ids = fixed_ids()
+    name = f"forward ({block}): "
+    try:
+        logits = twin.GPT(config, {n: w.copy() for n, w in params.items()}).forward(ids.copy())[0]
+    except Exception as e:
+        raised = raised_here(e, twin)
+        return [Row(name + "causality", raised=raised), Row(name + "known logits", raised=raised)]
+    rows = []
+    try:
+        moved = 0.0
+        for t in range(T - 1):
+            later = ids.copy()
+            later[:, t + 1:] = (later[:, t + 1:] + 1) % V
+            changed = twin.GPT(config, {n: w.copy() for n, w in params.items()}).forward(later)[0]
+            moved = max(moved, float(np.abs(changed[:, :t + 1] - logits[:, :t + 1]).max()))
+        error = moved / np.abs(logits).max() if np.isfinite(moved) else math.inf
+        detail = "a logit moved when a later token changed: a position sees ahead"
+        rows.append(Row(name + "causality", error, tolerance, detail=detail))
+    except Exception as e:
+        rows.append(Row(name + "causality", raised=raised_here(e, twin)))
+    try:
+        with open(KNOWN_LOGITS, encoding="utf-8") as f:
+            known = np.array(json.load(f)["logits"][block])
+        rows.append(compared(name + "known logits", logits, known, tolerance, versus="gpt.py's"))
+    except (OSError, ValueError, KeyError) as e:
+        rows.append(Row(name + "known logits", raised=f"cannot read {KNOWN_LOGITS}: {e}"))
+    except Exception as e:
+        rows.append(Row(name + "known logits", raised=raised_here(e, twin)))
+    return rows
+
+
+# What --check NAME runs: the layer rows named so, then those of the layers that call it, and the
+# models whose block uses it. "model" is GPT.backward's: the models alone.
+CHECKS = {
+    "linear": ([], ("gpt2", "llama")),
+    "embedding": ([], ("gpt2", "llama")),
+    "crossentropy": ([], ("gpt2", "llama")),
+    "gelu": ([], ("gpt2",)),
+    "swiglu": ([], ("llama",)),
+    "softmax": (["attention", "attention, rope"], ("gpt2", "llama")),
+    "layernorm": ([], ("gpt2",)),
+    "rmsnorm": ([], ("llama",)),
+    "rope": (["attention, rope"], ("llama",)),
+    "attention": (["attention, rope"], ("gpt2", "llama")),
+    "attention, rope": ([], ("llama",)),
+    "model": ([], ("gpt2", "llama")),
+}
+
+
+@np.errstate(all="ignore")
+def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None, models=True):
+    """Checks every layer's backward alone, the simplest first, then for a GPT-2 and a Llama block
+    the forward (causality, known logits) and every gradient of the model, against finite
+    differences in float64. only: a name of CHECKS, for that layer's rows and the models that use
+    it; models=False, the layer rows alone. Logs one table, every row to the end whatever breaks;
+    returns whether every row is ok."""
+    rng = np.random.default_rng(0)
+
+    def randn(*shape):
+        return rng.standard_normal(shape)
+
+    config = model_config(twin, {})
+    cos, sin = (table[:T] for table in twin.rope_tables(config, np.float64))
+    targets = rng.integers(0, V, (B, T))
+    idx = rng.integers(0, V, (B, T))
+    hs = C // NH
+    # The pieces before what calls them, so that the summary's first names the piece that is wrong.
+    layers = [
+        ("linear", twin.linear_forward, twin.linear_backward, randn(B, T, C),
+         dict(weight=randn(3, C), bias=randn(3))),
+        ("embedding", twin.embedding_forward, twin.embedding_backward, idx,
+         dict(weight=randn(V, C))),
+        ("crossentropy", lambda x: twin.crossentropy_forward(x, targets),
+         twin.crossentropy_backward, randn(B, T, V), {}),
+        ("gelu", twin.gelu_forward, twin.gelu_backward, randn(B, T, C), {}),
+        ("swiglu", twin.swiglu_forward, twin.swiglu_backward,
+         dict(gate=randn(B, T, C), up=randn(B, T, C)), {}),
+        ("softmax", twin.softmax_forward, twin.softmax_backward, randn(B, T, T), {}),
+        ("layernorm", twin.layernorm_forward, twin.layernorm_backward, randn(B, T, C),
+         dict(weight=randn(C), bias=randn(C))),
+        ("rmsnorm", twin.rmsnorm_forward, twin.rmsnorm_backward, randn(B, T, C),
+         dict(weight=randn(C))),
+        ("rope", lambda x: twin.rope_forward(x, cos, sin), twin.rope_backward,
+         randn(B, NH, T, hs), {}),
+        ("attention", lambda q, k, v: twin.attention_forward(q, k, v, NH),
+         twin.attention_backward, dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
+        ("attention, rope", lambda q, k, v: twin.attention_forward(q, k, v, NH, (cos, sin)),
+         twin.attention_backward, dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
+    ]
+    names = [only, *CHECKS[only][0]] if only is not None else [layer[0] for layer in layers]
+    blocks = CHECKS[only][1] if only is not None else ("gpt2", "llama")
+    blocks = blocks if models else ()
+    log(f"{'layer input, or model tensor':44s} {'max rel. error':>14s}")
+    rows = []
+
+    def show(new_rows):
+        for row in new_rows:
+            log(str(row))
+        rows.extend(new_rows)
+
+    for name, forward, backward, x, params in layers:
+        if name not in names:
+            continue
+        layer_rows = check_layer(forward, backward, x, tolerance=tolerance, twin=twin, **params)
+        for row in layer_rows:
+            row.name = f"{name}: d{row.name}"
+        show(layer_rows)
+    for block, switches in (("gpt2", GPT2), ("llama", LLAMA)):
+        if block in blocks:
+            show(check_forward(block, switches, tolerance, twin))
+            show(check_model(block, switches, rng, tolerance, twin))
+    bad = [row for row in rows if row.verdict != "ok"]
+    wrong = sum(row.verdict == "WRONG" for row in rows)
+    errors = sum(row.verdict == "ERROR" for row in rows)
+    first = f": first {bad[0].name}" if bad else ""
+    log(f"{len(rows) - len(bad)} ok, {wrong} WRONG, {errors} ERROR{first}")
+    return not bad
+
+
+# --------------------------------------------------------------------------------------- workbook
+# The fields of an exercise that breaks a line of a backward, and of one that writes a body.
+EXERCISE_FIELDS = {"title": str, "function": str, "change": str, "to": str, "rows": dict,
+                   "models": dict, "why": str}
+WRITE_FIELDS = {"title": str, "function": str, "check": str}
+
+
+def exercises():
+    """The workbook, workbook.json beside this file: each exercise either names a function of
+    gpt_numpy.py, a line of it to change and how, with its answer (the rows of --check that turn
+    WRONG or ERROR, and why); or names a function whose body the learner writes, and the --check
+    NAME that grades it. A workbook that is missing, unreadable or not of that shape raises a
+    ValueError of one line."""
+    path = os.path.join(HERE, "workbook.json")
+    fix = "put back the workbook.json that came with gpt_numpy.py"
+    try:
+        if not os.path.isfile(path):
+            raise OSError(0, "it is not a file" if os.path.exists(path) else "it is missing")
+        size = os.path.getsize(path)
+        if size == 0:
+            raise OSError(0, "it is empty")
+        # The workbook has a few thousand bytes: a far larger file is not it, and is not read.
+        if size > 1_000_000:
+            raise OSError(0, f"it has {size:,} bytes, where the workbook has a few thousand")
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read the workbook {path} ({e.strerror}): {fix}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read the workbook {path} (it is not UTF-8 text): {fix}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the workbook {path} is not valid JSON ({e.msg} at line {e.lineno}, "
+                         f"column {e.colno}): {fix}") from None
+    except RecursionError:
+        raise ValueError(f"the workbook {path} is not the workbook (its lists or objects nest "
+                         f"too deep to read): {fix}") from None
+    problem = workbook_problem(found)
+    if problem is not None:
+        raise ValueError(f"the workbook {path} is broken ({problem}): {fix}")
+    return found
+
+
+def workbook_problem(found):
+    """What is wrong with the shape of a workbook as JSON reads it, in a few words; None if
+    nothing."""
+    # Python's types by JSON's names for them.
+    kinds = {dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
+             bool: "true or false", type(None): "null"}
+    if not isinstance(found, list):
+        return f"it holds {kinds[type(found)]}, not a list of exercises"
+    if not found:
+        return "it holds no exercises"
+    for number, ex in enumerate(found, 1):
+        if not isinstance(ex, dict):
+            return f"exercise {number} is {kinds[type(ex)]}, not an object of fields"
+        fields = WRITE_FIELDS if "check" in ex else EXERCISE_FIELDS
+        for field, kind in fields.items():
+            if field not in ex:
+                return f'exercise {number} has no "{field}"'
+            if not isinstance(ex[field], kind):
+                held = kinds[type(ex[field])]
+                return f'exercise {number}\'s "{field}" is {held}, not {kinds[kind]}'
+        if "check" in ex and ex["check"] not in CHECKS:
+            return f'exercise {number}\'s "check" is {ex["check"]!r}, not a name --check takes'
+        for field in ("rows", "models") if "check" not in ex else ():
+            for name, verdict in ex[field].items():
+                if verdict not in ("WRONG", "ERROR"):
+                    return (f'exercise {number}\'s "{field}" gives {name} the verdict '
+                            f'{verdict!r}, not "WRONG" or "ERROR"')
+        turned = ex.get("tensors", {})
+        if not isinstance(turned, dict) or not all(isinstance(t, str) for t in turned.values()):
+            return f'exercise {number}\'s "tensors" is not an object of texts'
+        if not isinstance(ex.get("tensors_why", ""), str):
+            return f'exercise {number}\'s "tensors_why" is not text'
+    return None
+
+
+def function_node(tree, function):
+    """The ast node of function ("softmax_backward" or "GPT.backward") in a module's tree."""
+    node = tree
+    for part in function.split("."):
+        node = next(n for n in node.body if getattr(n, "name", None) == part)
+    return node
+
+
+def blanked(source, function):
+    """(source with function's body gone, the body): the docstring and the comments above the
+    function stay, as the hint; the body becomes a raise that says it is the learner's to write."""
+    node = function_node(ast.parse(source), function)
+    lines = source.splitlines(keepends=True)
+    has_docstring = ast.get_docstring(node) is not None
+    first = node.body[1 if has_docstring else 0]
+    start = first.lineno - 1
+    # The comments at the top of the body are the body's.
+    while start > node.lineno and lines[start - 1].strip().startswith("#"):
+        start -= 1
+    hole = (f'{" " * first.col_offset}raise NotImplementedError("{function}: its body is yours to '
+            f'write")\n')
+    return "".join(lines[:start] + [hole] + lines[node.end_lineno:]), "".join(
+        lines[start:node.end_lineno])
+
+
+def copy_name(number):
+    return f"exercise_{number}.py"
+
+
+def exercise_text(number, answer=False):
+    """Exercise number (from 1) as a learner reads it: what to do and the question; or, with
+    answer, which rows turn and why, or the body to write."""
+    found = exercises()
+    if not 1 <= number <= len(found):
+        raise ValueError(f"there are exercises 1 to {len(found)}")
+    ex = found[number - 1]
+    if "check" in ex and not answer:
+        steps = (f"python gpt_numpy.py --exercise {number} made {copy_name(number)}, a copy of "
+                 f"gpt_numpy.py in which the body of {ex['function']} is gone: the comments above "
+                 f"it say what to compute. Write the body, then grade it (again as often as you "
+                 f"like):")
+        return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n{textwrap.fill(steps, 96)}\n"
+                f"    python {copy_name(number)} --check {ex['check']}\nEvery row ok: it is right. "
+                f"A WRONG row says how far off, an ERROR row the line where it raised.\n"
+                f"The answer: python gpt_numpy.py --exercise {number} --answer")
+    if "check" in ex:
+        with open(gpt_numpy.__file__, encoding="utf-8") as f:
+            body = blanked(f.read(), ex["function"])[1]
+        body = textwrap.indent(textwrap.dedent(body), "    ")
+        return f"Exercise {number}: {ex['title']}\nThe body of {ex['function']}:\n{body}".rstrip()
+    if not answer:
+        question = ("Predict, before you run it: which layer rows of python gpt_numpy.py --check "
+                    "turn WRONG (or ERROR), which of the two models, gpt2 and llama, get rows "
+                    "that do, and which of their tensors? Then run the check on your copy.")
+        return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n"
+                f"In your copy of gpt_numpy.py, in {ex['function']}, change the line\n"
+                f"    {ex['change']}\nto\n    {ex['to']}\n\n{textwrap.fill(question, 96)}\n"
+                f"The answer: python gpt_numpy.py --exercise {number} --answer")
+    rows = ", ".join(f"{name} ({verdict})" for name, verdict in ex["rows"].items()) or "none"
+    models = ", ".join(f"{name} ({verdict})" for name, verdict in ex["models"].items()) or "neither"
+    why = textwrap.fill(f"Why: {ex['why']}.", 96)
+    tensors = "; ".join(f"{name}: {said}" for name, said in ex.get("tensors", {}).items())
+    if tensors:
+        tensors = textwrap.fill(f"Model tensors that turn ({'*'} for any block or part of a "
+                                f"name): {tensors}. Why: {ex.get('tensors_why', '')}.", 96)
+        why += "\n" + tensors
+    return (f"Exercise {number}: {ex['title']}\nLayer rows that turn: {rows}.\n"
+            f"Models with rows that turn: {models}.\n{why}")
+
+
+def start_exercise(number, twin=gpt_numpy):
+    """Makes the learner's copy of twin (gpt_numpy) for a write exercise beside it, unless one is
+    there already (the learner's work, kept); returns its path and whether it was made."""
+    ex = exercises()[number - 1]
+    path = os.path.join(os.path.dirname(os.path.abspath(twin.__file__)), copy_name(number))
+    if os.path.lexists(path):
+        return path, False
+    with open(twin.__file__, encoding="utf-8") as f:
+        source = blanked(f.read(), ex["function"])[0]
+    try:
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(source)
+    except OSError as e:
+        raise ValueError(f"cannot write {path} ({e.strerror}): run it in a folder you may write "
+                         f"to") from None
+    return path, True
+
+
+# --------------------------------------------------------------------------------------- the demo
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse's message on one line, without the usage block above it.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def seconds_type(text):
+    value = float(text)
+    # Written so that NaN fails it too.
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1e6), got {text}")
+    return value
+
+
+def read_text(path, block_size):
+    """The text at path, refused in one line unless it is UTF-8 and its last 10% holds one example
+    of block_size."""
+    try:
+        # A folder; or a device or a pipe, which could be read forever.
+        if not os.path.isfile(path):
+            reason = "it is not a file" if os.path.exists(path) else "there is no such file"
+            raise OSError(0, reason)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
+        raise ValueError(f"cannot read {path} ({reason}): give the path of a UTF-8 text "
+                         f"file") from None
+    # As train.py has it: a text never holds NUL bytes, binary data does.
+    if "\0" in text:
+        raise ValueError(f"{path} holds NUL bytes, so it is binary data, not a text: give the path "
+                         f"of a UTF-8 text file")
+    if len(text) - int(0.9 * len(text)) <= block_size + 1:
+        least = 10 * (block_size + 2) + 10
+        raise ValueError(f"{path} has {len(text)} characters: its last 10%, held out for "
+                         f"validation, must hold {block_size + 2}: give a text of {least} or more")
+    return text
+
+
+def main(argv=None, twin=gpt_numpy):
+    """The command line of python gpt_numpy.py, run on twin: gpt_numpy itself or a learner's copy
+    of it, whose --check grades the copy."""
+    parser = Parser(description="The NumPy twin: check its gradients, or train a tiny GPT with "
+                                "NumPy alone.")
+    # No defaults here: None tells that --check or --exercise was given a training input.
+    parser.add_argument("path", nargs="?", help="text to train on (default: input.txt)")
+    parser.add_argument("--seconds", type=seconds_type, help="training time (default: 60)")
+    parser.add_argument("--check", nargs="?", const="", metavar="NAME",
+                        help="instead: check every gradient by finite differences, or one "
+                             f"layer's and the models that use it: {'; '.join(CHECKS)}")
+    parser.add_argument("--exercise", metavar="N",
+                        help="instead: start exercise N of the workbook (write a backward, or "
+                             "break one and predict the rows of --check that turn), or list "
+                             "them: --exercise list")
+    parser.add_argument("--answer", action="store_true", help="with --exercise N: its answer")
+    args = parser.parse_args(argv)
+    if args.answer and args.exercise in (None, "list"):
+        parser.error("--answer goes with --exercise N")
+    if args.check is not None and args.exercise is not None:
+        parser.error("--check and --exercise are two modes: give one")
+    if args.check and args.check not in CHECKS:
+        names = ", ".join(f"'{name}'" for name in CHECKS)
+        parser.error(f"--check trains nothing: it checks every row, or a layer's named as its "
+                     f"table names it ({names}); not {args.check!r}")
+    args.check = None if args.check is None else args.check or True
+    mode = "--check" if args.check else "--exercise" if args.exercise is not None else None
+    if mode is not None and (args.path is not None or args.seconds is not None):
+        parser.error(f"{mode} trains nothing: a text and --seconds go with the training alone")
+    if args.exercise is not None:
+        try:
+            found = exercises()
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        if args.exercise == "list":
+            for number, ex in enumerate(found, 1):
+                print(f"{number:2d}. {ex['function']}: {ex['title']}")
+            return
+        try:
+            number = int(args.exercise)
+        except ValueError:
+            number = 0
+        if not 1 <= number <= len(found):
+            sys.exit(f"error: --exercise takes a number from 1 to {len(found)}, or list; not "
+                     f"{args.exercise!r}")
+        if "check" in found[number - 1] and not args.answer:
+            try:
+                # From gpt_numpy.py itself, beside it, whichever copy runs the command.
+                path, made = start_exercise(number)
+            except ValueError as e:
+                sys.exit(f"error: {e}")
+            if not made:
+                print(f"({path} is there already, your work in it: it is kept as it is; delete "
+                      f"it to start again)")
+        print(exercise_text(number, args.answer))
+        return
+    # A character stdout cannot encode prints as an escape, not an error.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    if args.check:
+        only = None if args.check is True else args.check
+        sys.exit(0 if check(twin=twin, only=only) else 1)
+    path = "input.txt" if args.path is None else args.path
+    seconds = 60 if args.seconds is None else args.seconds
+    B, T = 16, 64
+    try:
+        text = read_text(path, T)
+        chars = sorted(set(text))
+        stoi = {ch: i for i, ch in enumerate(chars)}
+        # Straight into the array: a list of the ids first would take twice the memory.
+        data = np.fromiter(map(stoi.__getitem__, text), dtype=np.int64, count=len(text))
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    except MemoryError:
+        sys.exit(f"error: out of memory reading {path}: give a smaller text (a few MB is "
+                 f"more than a minute's training reads)")
+    n = int(0.9 * len(data))
+    config = twin.GPTConfig(vocab_size=len(chars), block_size=T, n_layer=2, n_head=4, n_embd=64)
+    model = twin.GPT(config, twin.init_params(config))
+    optimizer = AdamW(model.params, lr=3e-3, weight_decay=0.1)
+    rng = np.random.default_rng(0)
+    prompt = np.array([[stoi["\n" if "\n" in stoi else chars[0]]]])
+
+    def decode(ids):
+        return "".join(chars[i] for i in ids)
+
+    def batch(split):
+        ix = rng.integers(len(split) - T, size=B)
+        xy = np.stack([split[i:i + T + 1] for i in ix])  # (B, T + 1)
+        return xy[:, :-1], xy[:, 1:]
+
+    n_params = sum(w.size for w in model.params.values())
+    print(f"training a {n_params:,}-parameter GPT ({config.n_layer} layers, {config.n_embd} wide, "
+          f"context {T}) on {path} with NumPy alone, for {seconds:g} s")
+    untrained = decode(generate(model, prompt, 60, generator=rng)[0, 1:])
+    print(f"untrained, it writes: {untrained!r}")
+    t0 = time.time()
+    step = 0
+    last_report = 0.0
+    try:
+        # One step at least.
+        while step == 0 or time.time() - t0 < seconds:
+            _, loss = model.forward(*batch(data[:n]))
+            optimizer.step(model.backward())
+            if step == 0:
+                print(f"step 0: loss {loss:.3f} (a model that knows nothing scores "
+                      f"ln({len(chars)}) = {math.log(len(chars)):.3f})", flush=True)
+            step += 1
+            elapsed = time.time() - t0
+            if elapsed - last_report >= max(seconds / 10, 1):
+                ms = elapsed / step * 1000
+                print(f"{elapsed:.0f} s: step {step}, loss {loss:.3f}, {ms:.0f} ms/step",
+                      flush=True)
+                last_report = elapsed
+    # Ctrl-C ends the training early; what the model has learned is still shown.
+    except KeyboardInterrupt:
+        print("Ctrl-C: training stopped (a second one quits)")
+    ms_per_step = (time.time() - t0) / max(step, 1) * 1000
+    val = np.mean([model.forward(*batch(data[n:]))[1] for _ in range(20)])
+    print(f"after {step} steps at {ms_per_step:.0f} ms/step: val loss {val:.3f}\nsample:")
+    print(decode(generate(model, prompt, 300, temperature=0.8, generator=rng)[0, 1:]))
+
+
+def quiet_stdout():
+    """Points stdout at /dev/null, so that the flush at exit does not fail a second time."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def run(twin):
+    """python gpt_numpy.py ...: main on twin, its output's failures each in one line."""
+    try:
+        main(twin=twin)
+    # The reader went away (python gpt_numpy.py --check | head): end quietly, as cat does.
+    except BrokenPipeError:
+        quiet_stdout()
+        sys.exit(141)
+    # The output cannot be written (a full disk): one line, not a traceback.
+    except OSError as e:
+        quiet_stdout()
+        sys.exit(f"error: cannot write the output ({e.strerror or e})")
+    # Ctrl-C outside the training (or a second one): quit without a traceback.
+    except KeyboardInterrupt:
+        print()
+        sys.exit(130)
