@@ -37,7 +37,6 @@ import gpt
 import gpt2
 import gpt_numpy
 import muon
-import report
 import train
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu")
@@ -410,21 +409,6 @@ def timed_run(tc, text, tokenizer, variant="default"):
     return dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000, val_loss=fixed_val_loss(trainer))
 
 
-class HeadNorm(torch.nn.Module):
-    """RMSNorm of each head's channels, without a gain: QK-norm, after the query's or key's map. A rotation keeps
-    a vector's norm, so norming before the rotary turn or after it is the same."""
-
-    def __init__(self, linear, n_head):
-        super().__init__()
-        self.linear = linear
-        self.n_head = n_head
-
-    def forward(self, x):
-        y = self.linear(x)
-        heads = y.unflatten(-1, (self.n_head, -1))  # (B, T, nh, hs)
-        return torch.nn.functional.rms_norm(heads, heads.shape[-1:], eps=1e-5).flatten(-2)
-
-
 def relu_squared(config):
     """The MLP as nanochat and modded-nanogpt have it: two matrices, 4 * n_embd wide, relu(x)^2 between."""
     model = gpt.GPT(dataclasses.replace(config, mlp="gelu"))
@@ -436,27 +420,19 @@ def relu_squared(config):
 
 
 def qk_norm(config):
-    """RMSNorm of each head's query and key, before the rotary turn. gpt.py's attention stacks the weights of its
-    three maps into one product, which leaves no place for the norms: here each map runs alone, as report.py reads
-    them (training only: no cache)."""
+    """RMSNorm of each head's query and key, without a gain, after their maps and before the rotary turn: QK-norm.
+    A rotation keeps a vector's norm, so norming after gpt.py's turn is the same."""
     model = gpt.GPT(config)
     for block in model.h:
-        attn = block.attn
-        attn.c_q = HeadNorm(attn.c_q, config.n_head)
-        attn.c_k = HeadNorm(attn.c_k, config.n_head)
-        attn.forward = functools.partial(normed_attention, attn)
+        block.attn.heads = functools.partial(normed_heads, block.attn)
     return model
 
 
-def normed_attention(attn, x, rope=None, cache=None):
-    """The attention of gpt.CausalSelfAttention, its queries and keys from report.queries_keys_values."""
-    if cache is not None:
-        raise ValueError("the qk-norm variant is trained, not sampled: it keeps no cache")
-    q, k, v = report.queries_keys_values(attn, x, rope)
-    dropout = attn.dropout if attn.training else 0.0
-    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-    y = y.transpose(1, 2).flatten(2)  # (B, T, C)
-    return torch.nn.functional.dropout(attn.c_proj(y), attn.dropout, attn.training)
+def normed_heads(attn, x, rope=None):
+    """The queries, keys and values of gpt.CausalSelfAttention.heads, the queries and keys RMS-normed."""
+    q, k, v = gpt.CausalSelfAttention.heads(attn, x, rope)
+    rms = functools.partial(torch.nn.functional.rms_norm, normalized_shape=q.shape[-1:], eps=1e-5)
+    return rms(q), rms(k), v
 
 
 def zero_c_proj(config):

@@ -135,27 +135,27 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x, rope=None, cache=None):
-        B, T, C = x.shape
-        maps = (self.c_q, self.c_k, self.c_v)
-        # The three maps in one product of their weights stacked: a copy of the weights and one
-        # large product cost less than three small products, and each weight gets its own gradient.
-        bias = None if self.c_q.bias is None else torch.cat([m.bias for m in maps])
-        qkv = F.linear(x, torch.cat([m.weight for m in maps]), bias)  # (B, T, 3 * C)
-        # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
-        q, k, v = [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-                   for t in qkv.split(C, dim=-1)]
-        # rope: the (cos, sin) tables of these positions. q and k turn; v does not.
-        if rope is not None:
-            q, k = rope_forward(q, *rope), rope_forward(k, *rope)
+        q, k, v = self.heads(x, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
         # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow with the head
         # size. is_causal gives later keys weight 0, by a mask aligned top left (query i sees keys
         # 0 to i): the one query after a cache, the last position, goes without it and sees all.
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh * hs): the heads side by side again
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
+        y = y.transpose(1, 2).flatten(2)  # (B, T, nh * hs): the heads side by side again
         return F.dropout(self.c_proj(y), self.dropout, self.training)
+
+    def heads(self, x, rope=None):
+        """The queries, keys and values of x (B, T, C), (B, nh, T, hs) each; q and k turned by rope,
+        the (cos, sin) tables of these positions (v does not turn)."""
+        # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
+        q = self.c_q(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.c_k(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)
+        v = self.c_v(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)
+        if rope is None:
+            return q, k, v
+        return rope_forward(q, *rope), rope_forward(k, *rope), v
 
 
 class MLP(nn.Module):

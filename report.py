@@ -42,18 +42,6 @@ def loss_by_position(trainer):
     return (total / trainer.tc.eval_iters).cpu()
 
 
-def queries_keys_values(attn, x, rope=None):
-    """What a gpt.CausalSelfAttention computes from its input x (B, T, C) before its fused
-    attention: q, k and v, (B, nh, T, hs) each, q and k turned by the rotary tables rope."""
-    B, T, C = x.shape
-    q, k, v = [m(x).view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2)  # (B, nh, T, hs) each
-               for m in (attn.c_q, attn.c_k, attn.c_v)]
-    if rope is not None:
-        q = gpt.rope_forward(q, *rope)
-        k = gpt.rope_forward(k, *rope)
-    return q, k, v
-
-
 @torch.no_grad()
 def attention(model, idx):
     """The attention weights of every layer and head of model, a gpt.GPT, for the ids idx (B, T):
@@ -78,7 +66,7 @@ def attention(model, idx):
     later = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
     maps = []
     for block, (x, rope) in zip(model.h, inputs):
-        q, k, _ = queries_keys_values(block.attn, x, rope)
+        q, k, _ = block.attn.heads(x, rope)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
         maps.append(scores.masked_fill(later, float("-inf")).softmax(dim=-1))
     return torch.stack(maps)

@@ -13,7 +13,6 @@ import torch
 import bench
 import gpt
 import muon
-import report
 from conftest import HERE, HANG, TEXT, interrupted, one_line_error
 
 
@@ -179,10 +178,13 @@ def test_the_qk_norm_variant_norms_each_heads_query_and_key_and_is_otherwise_gpt
     attn = bench.qk_norm(config).h[0].attn
     x = 10 * torch.randn(2, 16, 16)  # large beside RMSNorm's eps
     rope = gpt.rope_tables(config)
-    q, k, v = report.queries_keys_values(attn, x, rope)
+    q, k, v = attn.heads(x, rope)
     for t in (q, k):  # a turn keeps each head's norm: a mean square of 1 after the RMSNorm
         torch.testing.assert_close(t.pow(2).mean(-1), torch.ones(2, 2, 16), rtol=0, atol=1e-3)
     assert not torch.allclose(v.pow(2).mean(-1), torch.ones(2, 2, 16), atol=0.1)  # v is not normed
-    # Without the norms, the variant's attention is gpt.py's, which takes the three maps in one product.
-    attn.c_q, attn.c_k = attn.c_q.linear, attn.c_k.linear
-    torch.testing.assert_close(attn(x, rope), gpt.CausalSelfAttention.forward(attn, x, rope), rtol=1e-5, atol=1e-6)
+    # gpt.py's attention, on the normed queries and keys: the variant changes nothing else.
+    q0, k0, v0 = gpt.CausalSelfAttention.heads(attn, x, rope)
+    torch.testing.assert_close(v, v0)
+    torch.testing.assert_close(q, q0 / q0.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt())
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+    torch.testing.assert_close(attn(x, rope), attn.c_proj(y), rtol=1e-5, atol=1e-6)

@@ -296,7 +296,7 @@ def test_rotary_turns_the_query_and_the_key_each_after_its_own_map():
     weights = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(torch.ones(6, 6).triu(1).bool(), -math.inf)
     y = (weights.softmax(-1) @ split(attn.c_v(x))).transpose(1, 2).reshape(1, 6, 16)
     torch.testing.assert_close(attn(x, rope), attn.c_proj(y), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(torch.stack(report.queries_keys_values(attn, x, rope)[:2]), torch.stack([q, k]))
+    torch.testing.assert_close(torch.stack(attn.heads(x, rope)[:2]), torch.stack([q, k]))
 
 
 # -------------------------------------------------------------------------------------------- sampling and the KV cache

@@ -57,7 +57,7 @@ def test_the_attention_weights_times_v_are_what_the_fused_attention_returns(name
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, 10))  # each row a distribution
     assert torch.all(maps.triu(1) == 0)  # none on later positions
     for layer, block in enumerate(model.h):
-        _, _, v = report.queries_keys_values(block.attn, *inputs[layer])
+        _, _, v = block.attn.heads(*inputs[layer])
         weighted = (maps[layer] @ v).transpose(1, 2).reshape(2, 10, 16)  # (B, T, C)
         torch.testing.assert_close(weighted, fused[layer], rtol=1e-5, atol=1e-6)
 
