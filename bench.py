@@ -380,7 +380,7 @@ def fixed_val_loss(trainer, batches=100, seed=0):
     return total / batches
 
 
-def bench_optimizers(seconds, path, optimizers=cli.CHOICES["optimizer"], **changes):
+def bench_optimizers(seconds, path, optimizers=cli.choices("optimizer"), **changes):
     """Trains the default CPU config with each optimizer for `seconds` of wall time, one after the other in this
     process on the same text; {optimizer: its steps, ms per step and val loss on a fixed set of 100 val batches}.
     changes: other TrainConfig options, the same for every run."""
@@ -550,7 +550,7 @@ def train_option(text):
     """An argparse type: OPTION=VALUE, an option of TrainConfig and a value its train.py flag takes, held to the same
     rules (cli.option_rule)."""
     name, _, value = text.partition("=")
-    names = [name for name in cli.OPTION_TYPES if name not in NOT_SET]
+    names = [name for name in cli.FIELDS if name not in NOT_SET]
     if name not in names:
         raise argparse.ArgumentTypeError(f"{text!r}: --set takes OPTION=VALUE, OPTION one of {', '.join(names)}")
     return name, cli.parse_option(name, value)
@@ -574,7 +574,7 @@ def measure(argv=None):
                         help="with --variants: this one and the default alone; again for more")
     parser.add_argument("--data", default="input.txt", help="text for --quality, --optimizers and --variants "
                                                             "(default: %(default)s)")
-    parser.add_argument("--only", choices=cli.CHOICES["optimizer"], help="with --optimizers: run this one alone")
+    parser.add_argument("--only", choices=cli.choices("optimizer"), help="with --optimizers: run this one alone")
     parser.add_argument("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
                         help="with --optimizers: an option of train.py for every run, as its flag takes it "
                              "(--set muon_lr=0.02); again for more")
@@ -584,6 +584,10 @@ def measure(argv=None):
     args = parser.parse_args(argv)
     if (args.only or args.set) and not args.optimizers:
         parser.error("--only and --set go with --optimizers")
+    try:  # the options together, as train.py holds them: min_lr at most learning_rate, say
+        gpt.TrainConfig(**dict(args.set))
+    except ValueError as e:
+        parser.error(f"--set: {e}")
     if args.variant and not args.variants:
         parser.error("--variant goes with --variants")
     device = cli.usable_device(args.device)
@@ -602,7 +606,7 @@ def measure(argv=None):
     elif args.optimizers:
         changes = dict(args.set)
         runs = figures["optimizers"] = bench_optimizers(args.optimizers, args.data,
-                                                        (args.only,) if args.only else cli.CHOICES["optimizer"],
+                                                        (args.only,) if args.only else cli.choices("optimizer"),
                                                         **changes)
         default = gpt.TrainConfig().optimizer
         print(f"{args.optimizers:.0f} s of training each on {args.data}, the default CPU config, one after the other; "
@@ -676,7 +680,7 @@ def measure(argv=None):
         for r in figures["training"]:
             print(f"{r['name']:34s} {r['dtype']:14s} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
         m = figures["muon_step_ms"]
-        print(f"\nMuon's step on the default CPU model's 16 matrices: torch.optim.Muon {m['torch.optim.Muon']:.1f} ms, "
+        print(f"\nMuon's step on the default CPU model's 28 matrices: torch.optim.Muon {m['torch.optim.Muon']:.1f} ms, "
               f"muon.BatchedMuon {m['muon.BatchedMuon']:.1f} ms, {m['torch.optim.Muon'] / m['muon.BatchedMuon']:.1f}x")
         s = figures["sampling_tokens_per_s"]
         print(f"\nsampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context ({SAMPLING['n_layer']} layers, "

@@ -4,8 +4,8 @@ hands over and reads its keys: it checks it (finite weights, the model's shapes,
 states, the evaluations), restores a gpt.Trainer from it, gives the options it recorded and the
 tokenizer it needs, and keeps the run's folder (writable, one run at a time).
 
-    model, tokenizer, ckpt = checkpoint.load(checkpoint.path_in("out"), "cpu")
-    tc = checkpoint.resumed_config(tc, ckpt, path, given, print)
+    model, tokenizer, ckpt = checkpoint.load(gpt.checkpoint_path("out"), "cpu")
+    options = checkpoint.resumed_options(tc, ckpt, path, given, print)
     checkpoint.resume(trainer, ckpt, path)
 """
 import dataclasses
@@ -20,11 +20,6 @@ import gpt
 import gpt2
 
 
-def path_in(out_dir):
-    """The checkpoint of the run in out_dir."""
-    return os.path.join(out_dir, "ckpt.pt")
-
-
 # ---------------------------------------------------------------------------------------------- loading
 def load(path, device):
     """(model in eval mode on device, its tokenizer, the checkpoint) from gpt.load_checkpoint, with
@@ -34,18 +29,14 @@ def load(path, device):
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
     try:
-        # gpt.load_checkpoint's steps, with a checkpoint of the layout before each map had a weight of
-        # its own brought to today's on the way.
+        # Read here, so that a checkpoint of the layout before each map had a weight of its own is
+        # brought to today's before gpt.load_checkpoint builds its model.
         ckpt = torch.load(path, map_location=gpt.get_device(str(device)), weights_only=True)
         split = split_maps(ckpt["model"], ckpt["config"])
         # Marked, in memory alone, for resume, which cuts the optimizers' states likewise.
         ckpt[OLD_LAYOUT] = split is not ckpt["model"]
         ckpt["model"] = split
-        model = gpt.GPT(gpt.GPTConfig(**ckpt["config"]))
-        model.load_state_dict(ckpt["model"])
-        model = model.to(gpt.get_device(str(device))).eval()
-        chars = ckpt.get("chars")
-        tokenizer = None if chars is None else gpt.CharTokenizer(chars)
+        model, tokenizer, ckpt = gpt.load_checkpoint(ckpt, str(device))
         # Else decoding a sampled token would fail, or give other characters than the training's.
         if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
             raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of "
@@ -181,35 +172,36 @@ def recorded_options(ckpt, path, advice):
                          f"it is damaged or hand-made; {advice}")
     options = {}
     for name, value in recorded.items():
-        if name not in cli.OPTION_TYPES or name in ("out_dir", "device"):
+        if name not in cli.FIELDS or name in ("out_dir", "device"):
             continue
-        if not cli.allowed(name, value):
-            raise ValueError(f"{path} records {name} = {value!r}, which no run could have: it is "
-                             f"damaged or hand-made; {advice}")
+        try:
+            gpt.check_option(cli.FIELDS[name], value)
+        except ValueError as e:
+            raise ValueError(f"{path} records {name} = {value!r}, which no run could have ({e}): it "
+                             f"is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
-        options[name] = float(value) if cli.OPTION_TYPES[name] is float else value
+        options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
     return options
 
 
-def keep_model_options(tc, config, given, why, log):
-    """tc with the model options of config, naming those given that differ as ignored; the
-    training's block_size may be the model's or shorter."""
+def model_options(block_size, config, given, why, log):
+    """The model options of config, for a run of that block_size, naming those given that differ as
+    ignored; the training's block_size may be the model's or shorter."""
     ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
                if name in given and given[name] != getattr(config, name)]
     if ignored:
         log(f"{why} keeps the model's options, so these are ignored: {', '.join(ignored)}")
-    block_size = min(tc.block_size, config.block_size) if "block_size" not in given else tc.block_size
+    block_size = min(block_size, config.block_size) if "block_size" not in given else block_size
     if block_size > config.block_size:
         raise ValueError(f"--block_size {block_size} is beyond the model's context of "
                          f"{config.block_size}: give at most that")
-    options = {name: getattr(config, name) for name in MODEL_OPTIONS}
-    return dataclasses.replace(tc, **options, block_size=block_size)
+    return {**{name: getattr(config, name) for name in MODEL_OPTIONS}, "block_size": block_size}
 
 
-def resumed_config(tc, ckpt, path, given, log):
-    """The options a resumed run trains with: those the checkpoint recorded, then those given
-    (recorded in the next checkpoint, as they run). The model's own options and the seed stay, and
-    those given that differ are named as ignored."""
+def resumed_options(tc, ckpt, path, given, log):
+    """The options a resumed run trains with, beside those of tc: those the checkpoint recorded,
+    then those given (recorded in the next checkpoint, as they run). The model's own options and
+    the seed stay, and those given that differ are named as ignored."""
     recorded = recorded_options(ckpt, path, "train without --resume")
     # The optimizers' states in the checkpoint are those of the optimizer it recorded.
     optimizer = recorded.get("optimizer", "adamw")
@@ -222,9 +214,10 @@ def resumed_config(tc, ckpt, path, given, log):
         log(f"--resume goes on with the run's random streams, so these are ignored: "
             f"{', '.join(ignored)}")
     given = {k: v for k, v in given.items() if k not in KEPT_ON_RESUME or k not in recorded}
-    kept = {k: v for k, v in recorded.items() if k not in given}
-    tc = dataclasses.replace(tc, **kept, **given)
-    return keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
+    options = {**recorded, **given}
+    block_size = options.get("block_size", tc.block_size)
+    config = gpt.GPTConfig(**ckpt["config"])
+    return {**options, **model_options(block_size, config, given, "--resume", log)}
 
 
 def recorded_config(ckpt, path, config, device, advice):
@@ -232,8 +225,9 @@ def recorded_config(ckpt, path, config, device, advice):
     on device without writing anything: its recorded options, its model's own, a context no longer
     than its own."""
     options = recorded_options(ckpt, path, advice)
-    tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
-    return keep_model_options(tc, config, {}, "--report", print)
+    block_size = options.get("block_size", gpt.TrainConfig.block_size)
+    model = model_options(block_size, config, {}, "--report", print)
+    return gpt.TrainConfig(**{**options, **model, "out_dir": "", "device": str(device)})
 
 
 # ---------------------------------------------------------------------------------------------- resuming
@@ -273,6 +267,24 @@ def state_fits(optimizer, saved):
     return True
 
 
+def evaluations_fit(history):
+    """Whether each evaluation has its step, its clock and learning rate, and its finite losses,
+    which the report draws."""
+    return all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER and finite(h["seconds"], 0)
+               and finite(h["lr"], 0) and finite(h["train"]) and finite(h["val"]) for h in history)
+
+
+def evaluations(ckpt, path, advice):
+    """The checkpoint's evaluations (its history), all a report needs of its training state."""
+    try:
+        if evaluations_fit(ckpt["history"]):
+            return ckpt["history"]
+    except (KeyError, TypeError, AttributeError, IndexError):
+        pass
+    raise ValueError(f"{path} has no evaluations a report can draw: it is damaged or hand-made; "
+                     f"{advice}")
+
+
 def check_resumable(ckpt, trainer, path, advice="train without --resume"):
     """What a checkpoint brings to resume (or to rebuild its report), checked against the model
     before an optimizer ever steps on it: a moment of the wrong shape makes the fused AdamW write
@@ -291,11 +303,7 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
         saved = ckpt["optimizers"]
         fits = len(saved) == len(trainer.optimizers) and all(
             state_fits(optimizer, state) for optimizer, state in zip(trainer.optimizers, saved))
-        # Each evaluation: its step, its clock and learning rate, and its finite losses, which the
-        # report draws.
-        fits = fits and all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER
-                            and finite(h["seconds"], 0) and finite(h["lr"], 0)
-                            and finite(h["train"]) and finite(h["val"]) for h in ckpt["history"])
+        fits = fits and evaluations_fit(ckpt["history"])
     except (KeyError, TypeError, AttributeError, IndexError):
         fits = False
     if not fits:
@@ -341,47 +349,3 @@ def evaluation_pending(trainer):
     due = trainer.it % tc.eval_interval == 0 or trainer.done()
     done = trainer.history and trainer.history[-1]["iter"] == trainer.it
     return trainer.it > 0 and due and not done
-
-
-# ---------------------------------------------------------------------------------------------- out_dir
-def check_out_dir(out_dir):
-    """An --out_dir that cannot be written fails now, by its real cause, not at the first save
-    after minutes of training; so do a checkpoint and its temporary file that are not files."""
-    path = path_in(out_dir)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):
-            if os.path.isdir(name):
-                raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
-                                 f"--out_dir a writable folder")
-        with open(path + ".probe", "wb"):
-            pass
-        os.remove(path + ".probe")
-    except OSError as e:
-        # makedirs says only "File exists" of a file where the folder should be.
-        reason = f"{out_dir} is there, and not a folder" if isinstance(e, FileExistsError) else e.strerror
-        raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
-
-
-def own_out_dir(out_dir):
-    """Locks out_dir/train.lock for as long as this process lives, so that one run at a time trains
-    there. The operating system releases the lock of a process that ends, a crashed one too."""
-    try:
-        import fcntl
-    # Windows has no fcntl: runs there are not kept apart.
-    except ImportError:
-        return None
-    lock = open(os.path.join(out_dir, "train.lock"), "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise ValueError(f"{out_dir} is in use by a training run ({holder}): wait for it to end, or "
-                         f"pass another --out_dir") from None
-    lock.truncate(0)
-    lock.write(f"process {os.getpid()} on {os.uname().nodename}\n")
-    lock.flush()
-    return lock
-

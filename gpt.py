@@ -2,10 +2,9 @@
 training loop, checkpoints and device choice. It imports only torch; importing it does nothing."""
 import math
 import os
-import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -27,49 +26,47 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
 
-# The switches: the default first, GPT-2's (and nanoGPT's) second.
-CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu"),
-           "optimizer": ("muon", "adamw")}
-# Least values but a count's 1 and another number's 0: the schedule divides by learning_rate.
-LOWEST = {"warmup_iters": 0, "seed": 0, "learning_rate": 1e-9, "muon_lr": 1e-9}
+def option(default, *rule, help=""):
+    """A config field, its rule, which every entry point holds it to (the range [low, high) of a
+    number, which NaN and inf fail; or the values of a str), and its help, which --help shows."""
+    return field(default=default, metadata={"rule": rule, "help": help})
+
+
+def check_option(f, value):
+    """Raises a ValueError unless value is one the config field f takes: of its default's type and
+    as its rule says. A field made without option() takes any value (a copier's note=None, say)."""
+    kind = type(f.default)
+    rule = f.metadata.get("rule")
+    # type(), not isinstance(): True is an int. An int serves for a float.
+    if "rule" in f.metadata and type(value) not in (kind, int if kind is float else kind):
+        raise ValueError(f"{f.name} must be of type {kind.__name__}, not {value!r}")
+    if rule and not (value in rule if kind is str else rule[0] <= value < rule[1]):
+        allowed = f"one of {', '.join(rule)}" if kind is str else f"in [{rule[0]}, {rule[1]})"
+        raise ValueError(f"{f.name} must be {allowed}, not {value!r}")
 
 
 @dataclass
 class GPTConfig:
-    """Llama's block by default; GPT-2's: norm="layernorm", pos="learned", mlp="gelu", bias=True."""
-    # Tokens in the vocabulary: the training text's characters, or a tokenizer's vocab_size.
-    vocab_size: int = 65
-    # The context: the most tokens the model reads at once.
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    # Width of the residual stream.
-    n_embd: int = 128
-    dropout: float = 0.0
-    # Biases in the linear layers and LayerNorm.
-    bias: bool = False
-    # Share the token embedding with the output layer.
-    tie_weights: bool = True
-    norm: str = "rmsnorm"
-    # rope (rotary) or learned (GPT-2's position embeddings).
-    pos: str = "rope"
-    mlp: str = "swiglu"
+    """The model's options, Llama's block by default; GPT-2's: norm="layernorm", pos="learned",
+    mlp="gelu", bias=True."""
+    # At most 2**20 tokens: GPT-2's 50,257 and Llama 3's 128,256 with room to spare.
+    vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
+    block_size: int = option(128, 1, 2 ** 53, help="The context: the most tokens read at once.")
+    n_layer: int = option(4, 1, 2 ** 53, help="Transformer blocks.")
+    n_head: int = option(4, 1, 2 ** 53, help="Attention heads.")
+    n_embd: int = option(128, 1, 2 ** 53, help="Width of the residual stream.")
+    dropout: float = option(0.0, 0, 1, help="Dropout probability.")
+    bias: bool = option(False, help="Biases in the linear layers and LayerNorm.")
+    tie_weights: bool = option(True, help="Share the token embedding with the output layer.")
+    # The switches: the default first, GPT-2's (and nanoGPT's) second.
+    norm: str = option("rmsnorm", "rmsnorm", "layernorm", help="RMSNorm or LayerNorm.")
+    pos: str = option("rope", "rope", "learned", help="Rotary or learned position embeddings.")
+    mlp: str = option("swiglu", "swiglu", "gelu", help="SwiGLU or GELU's MLP.")
 
     def __post_init__(self):
-        """Each option of its type and in its range: bias="no", n_layer=True would mean another."""
+        """Each option as its rule says, then the rules that tie two options."""
         for f in fields(self):
-            value = getattr(self, f.name)
-            # type(), not isinstance(): True is an int. An int serves for a float.
-            if type(value) is not f.type and not (f.type is float and type(value) is int):
-                raise ValueError(f"{f.name} must be of type {f.type.__name__}, not {value!r}")
-            allowed = CHOICES.get(f.name, (value,))
-            if value not in allowed:
-                raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, not {value!r}")
-            # Finite, as NaN fails every comparison; dropout below 1.
-            low = LOWEST.get(f.name, 1 if f.type is int else 0)
-            high = 1 if f.name == "dropout" else math.inf
-            if f.type in (int, float) and not low <= value < high:
-                raise ValueError(f"{f.name} must be in [{low}, {high}), not {value}")
+            check_option(f, getattr(self, f.name))
         # Rotary positions turn pairs of channels within each head.
         multiple = 2 * self.n_head if self.pos == "rope" else self.n_head
         if self.n_embd % multiple:
@@ -306,7 +303,6 @@ def autocast(device):
 def save_checkpoint(ckpt, path):
     """Writes path.tmp to the disk, then renames it to path: a crash leaves the last one whole."""
     folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -326,52 +322,74 @@ def save_checkpoint(ckpt, path):
 
 
 def load_checkpoint(path, device=None):
-    """The model in eval mode on device, its CharTokenizer (or None for another), the checkpoint."""
+    """The model in eval mode on device, its CharTokenizer (or None for another), the checkpoint:
+    path's, or path itself when it is a checkpoint already read (torch.load's dict)."""
     device = get_device(device)
     # weights_only: tensors and plain data alone, so that a downloaded checkpoint cannot run code.
-    ckpt = torch.load(path, map_location=device, weights_only=True)
+    ckpt = path if isinstance(path, dict) else torch.load(path, map_location=device, weights_only=True)
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
     tokenizer = None if ckpt.get("chars") is None else CharTokenizer(ckpt["chars"])
     return model.to(device).eval(), tokenizer, ckpt
 
 
+def checkpoint_path(out_dir):
+    """The checkpoint of the run in out_dir."""
+    return os.path.join(out_dir, "ckpt.pt")
+
+
+def lock_out_dir(out_dir):
+    """Makes out_dir and locks it while the file returned, out_dir/train.lock, stays open: one run
+    at a time trains there, train.py's too. The system drops the lock of a process that ends, a
+    crashed one too. A folder that cannot take a file fails here, not at the first save."""
+    os.makedirs(out_dir, exist_ok=True)
+    lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    try:
+        import fcntl
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    # Windows has no fcntl: runs there are not kept apart.
+    except ImportError:
+        pass
+    except OSError:
+        raise ValueError(f"{out_dir} is in use by another training run: wait for it to end, or "
+                         f"give out_dir another folder") from None
+    return lock
+
+
 @dataclass
 class TrainConfig(GPTConfig):
     """The run's options and the model's; the defaults train for 3 to 5 minutes on 2 cores."""
-    # Folder of ckpt.pt, the checkpoint ("" writes none).
-    out_dir: str = "out"
-    # Optimizer steps in all.
-    max_iters: int = 4000
-    # Seconds to train instead of max_iters (0: off); the learning rate then decays over time.
-    max_time: float = 0.0
-    # Evaluate and save every this many steps.
-    eval_interval: int = 500
-    # Batches per split in an evaluation.
-    eval_iters: int = 50
-    # Sequences per micro-batch: at a fixed time, many small steps beat fewer big ones.
-    batch_size: int = 8
-    # Micro-batches per optimizer step.
-    grad_accum: int = 1
-    # Peak learning rate.
-    learning_rate: float = 3e-3
-    # Learning rate at the end of the cosine decay.
-    min_lr: float = 3e-4
-    warmup_iters: int = 100
-    # Weight decay, on matrices only.
-    weight_decay: float = 0.1
-    # AdamW beta2: a shorter memory than the usual 0.999 suits small batches of characters.
-    beta2: float = 0.99
-    # adamw, or muon: Muon for the blocks' matrices, AdamW for the embeddings, gains and biases.
-    optimizer: str = "muon"
-    # Muon's peak learning rate, on learning_rate's schedule.
-    muon_lr: float = 0.01
-    muon_momentum: float = 0.95
-    # Clip the gradient norm to this (0: off).
-    grad_clip: float = 1.0
-    seed: int = 1337
-    # cpu, cuda, cuda:N or mps ("": the best available).
-    device: str = ""
+    out_dir: str = option("out", help='Folder of ckpt.pt and report.html ("" writes none).')
+    max_iters: int = option(4000, 1, 2 ** 53, help="Optimizer steps in all.")
+    max_time: float = option(0.0, 0, math.inf, help="Seconds to train instead (0: off).")
+    eval_interval: int = option(500, 1, 2 ** 53, help="Evaluate and save every this many steps.")
+    eval_iters: int = option(50, 1, 2 ** 53, help="Batches per split in an evaluation.")
+    # At a fixed time, many small steps beat fewer big ones.
+    batch_size: int = option(8, 1, 2 ** 53, help="Sequences per micro-batch.")
+    grad_accum: int = option(1, 1, 2 ** 53, help="Micro-batches per optimizer step.")
+    # Above 0, as the schedule divides by it.
+    learning_rate: float = option(3e-3, 1e-9, 1, help="Peak learning rate (AdamW's).")
+    min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
+    warmup_iters: int = option(100, 0, 2 ** 53, help="Steps of linear warmup.")
+    weight_decay: float = option(0.1, 0, math.inf, help="Weight decay, on matrices only.")
+    # A shorter memory than the usual 0.999 suits small batches of characters.
+    beta2: float = option(0.99, 0, 1, help="AdamW's beta2.")
+    # Muon for the blocks' matrices, AdamW for the embeddings, gains and biases; or AdamW for all.
+    optimizer: str = option("muon", "muon", "adamw", help="Muon and AdamW, or AdamW alone.")
+    muon_lr: float = option(0.01, 1e-9, 1, help="Muon's peak learning rate, on the same schedule.")
+    # At 1, Muon would never forget a gradient, and its matrices would never move.
+    muon_momentum: float = option(0.95, 0, 1, help="Muon's momentum.")
+    grad_clip: float = option(1.0, 0, math.inf, help="Clip the gradient norm to this (0: off).")
+    # torch.manual_seed takes it, with room for a process's rank under DDP.
+    seed: int = option(1337, 0, 2 ** 32, help="Seed of the initial weights, the batches, dropout.")
+    device: str = option("", help='cpu, cuda, cuda:N or mps ("": the best available).')
+
+    def __post_init__(self):
+        super().__post_init__()
+        # A decay that would rise: learning_rate=1e-4 alone is below the default min_lr.
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr ({self.min_lr}) must be at most learning_rate "
+                             f"({self.learning_rate}): lower min_lr too")
 
     def model_config(self, **changes):
         return GPTConfig(**({f.name: getattr(self, f.name) for f in fields(GPTConfig)} | changes))
@@ -422,20 +440,27 @@ def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
     return mean_loss
 
 
+def split(data):
+    """{"train": data's first 90%, "val": its last 10%, held out}."""
+    n = int(0.9 * len(data))
+    return {"train": data[:n], "val": data[n:]}
+
+
 class Trainer:
     """A run: the model, its optimizers, the data, where the run stands. data is a text (encoded by
-    tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
+    tokenizer, by default a CharTokenizer) or 1-D token ids, split(). out_dir is locked while the
+    trainer lives, and a checkpoint there refused unless resume says the caller restores it
+    (checkpoint.resume): the trainer never writes over another run."""
 
-    def __init__(self, tc, data, tokenizer=None, model=None, log=print):
-        # The options are checked again: tc may have been changed since it was made.
-        tc.__post_init__()
-        if tc.out_dir:
-            # An out_dir that cannot take a checkpoint fails here, an OSError naming it, not at the
-            # first save: the folder is made and takes a file with no name (on Linux), no one's.
-            os.makedirs(tc.out_dir, exist_ok=True)
-            tempfile.TemporaryFile(dir=tc.out_dir).close()
+    def __init__(self, tc, data, tokenizer=None, model=None, log=print, resume=False):
         self.tc = tc
         self.log = log
+        # Held while this trainer lives: no other run writes in out_dir meanwhile.
+        self.lock = lock_out_dir(tc.out_dir) if tc.out_dir else None
+        path = checkpoint_path(tc.out_dir)
+        if tc.out_dir and not resume and os.path.lexists(path):
+            raise ValueError(f"{path} holds a checkpoint this run did not write: continue it with "
+                             f"python train.py --resume, or give out_dir another folder")
         self.device = get_device(tc.device)
         if isinstance(data, str):
             tokenizer = tokenizer or CharTokenizer(data)
@@ -443,8 +468,7 @@ class Trainer:
         # A tensor, an array or a memmap stays as it is, read a batch at a time; a list becomes one.
         data = data if hasattr(data, "__array__") else torch.tensor(data)
         self.tokenizer = tokenizer
-        n = int(0.9 * len(data))
-        self.splits = {"train": data[:n], "val": data[n:]}
+        self.splits = split(data)
         # The seed sets the initial weights and, in training, dropout's masks.
         torch.manual_seed(tc.seed)
         vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
@@ -528,7 +552,7 @@ class Trainer:
                     tokenizer=getattr(self.tokenizer, "name", None), elapsed=self.elapsed,
                     history=self.history, optimizers=[o.state_dict() for o in self.optimizers],
                     rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()})
-        save_checkpoint(ckpt, os.path.join(self.tc.out_dir, "ckpt.pt"))
+        save_checkpoint(ckpt, checkpoint_path(self.tc.out_dir))
 
 
 def train(tc, data, tokenizer=None, log=print):
