@@ -45,16 +45,16 @@ def check_option(f, value):
         raise ValueError(f"{f.name} must be {allowed}, not {value!r}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
     """The model's options, Llama's block by default; GPT-2's: norm="layernorm", pos="learned",
-    mlp="gelu", bias=True."""
+    mlp="gelu", bias=True. Checked when made, and frozen: dataclasses.replace() makes another."""
     # At most 2**20 tokens: GPT-2's 50,257 and Llama 3's 128,256 with room to spare.
     vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
-    block_size: int = option(128, 1, 2 ** 53, help="The context: the most tokens read at once.")
-    n_layer: int = option(4, 1, 2 ** 53, help="Transformer blocks.")
-    n_head: int = option(4, 1, 2 ** 53, help="Attention heads.")
-    n_embd: int = option(128, 1, 2 ** 53, help="Width of the residual stream.")
+    block_size: int = option(128, 1, math.inf, help="The context: the most tokens read at once.")
+    n_layer: int = option(4, 1, math.inf, help="Transformer blocks.")
+    n_head: int = option(4, 1, math.inf, help="Attention heads.")
+    n_embd: int = option(128, 1, math.inf, help="Width of the residual stream.")
     dropout: float = option(0.0, 0, 1, help="Dropout probability.")
     bias: bool = option(False, help="Biases in the linear layers and LayerNorm.")
     tie_weights: bool = option(True, help="Share the token embedding with the output layer.")
@@ -342,8 +342,11 @@ def lock_out_dir(out_dir):
     """Makes out_dir and locks it while the file returned, out_dir/train.lock, stays open: one run
     at a time trains there, train.py's too. The system drops the lock of a process that ends, a
     crashed one too. A folder that cannot take a file fails here, not at the first save."""
-    os.makedirs(out_dir, exist_ok=True)
-    lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    except OSError as e:
+        raise ValueError(f"cannot write in {out_dir} ({e.strerror}): give out_dir a writable folder")
     try:
         import fcntl
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -356,21 +359,21 @@ def lock_out_dir(out_dir):
     return lock
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig(GPTConfig):
     """The run's options and the model's; the defaults train for 3 to 5 minutes on 2 cores."""
     out_dir: str = option("out", help='Folder of ckpt.pt and report.html ("" writes none).')
-    max_iters: int = option(4000, 1, 2 ** 53, help="Optimizer steps in all.")
+    max_iters: int = option(4000, 1, math.inf, help="Optimizer steps in all.")
     max_time: float = option(0.0, 0, math.inf, help="Seconds to train instead (0: off).")
-    eval_interval: int = option(500, 1, 2 ** 53, help="Evaluate and save every this many steps.")
-    eval_iters: int = option(50, 1, 2 ** 53, help="Batches per split in an evaluation.")
+    eval_interval: int = option(500, 1, math.inf, help="Evaluate and save every this many steps.")
+    eval_iters: int = option(50, 1, math.inf, help="Batches per split in an evaluation.")
     # At a fixed time, many small steps beat fewer big ones.
-    batch_size: int = option(8, 1, 2 ** 53, help="Sequences per micro-batch.")
-    grad_accum: int = option(1, 1, 2 ** 53, help="Micro-batches per optimizer step.")
+    batch_size: int = option(8, 1, math.inf, help="Sequences per micro-batch.")
+    grad_accum: int = option(1, 1, math.inf, help="Micro-batches per optimizer step.")
     # Above 0, as the schedule divides by it.
     learning_rate: float = option(3e-3, 1e-9, 1, help="Peak learning rate (AdamW's).")
     min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
-    warmup_iters: int = option(100, 0, 2 ** 53, help="Steps of linear warmup.")
+    warmup_iters: int = option(100, 0, math.inf, help="Steps of linear warmup.")
     weight_decay: float = option(0.1, 0, math.inf, help="Weight decay, on matrices only.")
     # A shorter memory than the usual 0.999 suits small batches of characters.
     beta2: float = option(0.99, 0, 1, help="AdamW's beta2.")

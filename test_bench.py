@@ -56,8 +56,11 @@ def test_bench_gpt2_without_transformers_is_one_line(capsys, monkeypatch):
 def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path):
     (tmp_path / "text").write_text(TEXT, encoding="utf-8")
     (tmp_path / "bench.json").write_text('{"figures": "of the run before"}')
+    os.makedirs(tmp_path / "tmp")
+    # Signalled once the run has saved its first weights, in a temporary folder of its own: training has begun.
     status, out, err = interrupted(["bench.py", "--quality", "600", "--data", str(tmp_path / "text"),
-                                    "--json", str(tmp_path / "bench.json")], "torch ", 3.0)
+                                    "--json", str(tmp_path / "bench.json")], "torch ",
+                                   after_file=str(tmp_path / "tmp" / "*" / "ckpt.pt"), env=dict(TMPDIR=str(tmp_path / "tmp")))
     assert status == 130 and re.fullmatch(r"SIGINT: stopped after \d+ s, so no val loss\n", err), err
     assert (tmp_path / "bench.json").read_text() == '{"figures": "of the run before"}'
 
@@ -65,7 +68,10 @@ def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path
 def test_bench_measures_reading_a_text_into_ids(tmp_path):
     figures = __import__("bench").bench_encoding(megabytes=2, source=str(Path(HERE, "input.txt")))
     assert figures["characters"] > 1_900_000 and figures["dtype"] == "uint8" and figures["vocab_size"] == 83
-    assert figures["mb_per_s"] > 0 and 0 < figures["bytes_per_char"] < 20
+    piece = Path(HERE, "input.txt").read_bytes()  # repeated to about 2 MB
+    assert figures["characters"] == round(2e6 / len(piece)) * len(piece.decode("utf-8"))
+    assert figures["mb_per_s"] == pytest.approx(figures["megabytes"] / figures["seconds"])
+    assert 1 <= figures["bytes_per_char"] < 20  # the uint8 ids alone take a byte a character
 
 
 class NanoGPTConfig:
@@ -132,8 +138,9 @@ def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path, monkeypatch)
     (tmp_path / "t.txt").write_text(TEXT, encoding="utf-8")
     runs = bench.bench_optimizers(0.5, str(tmp_path / "t.txt"), n_layer=1, n_embd=16, n_head=2, block_size=16)
     assert set(runs) == {"adamw", "muon"}
+    uniform = math.log(gpt.CharTokenizer(TEXT).vocab_size)  # the loss of a guess that knows nothing
     for run in runs.values():
-        assert run["iters"] >= 1 and run["ms_per_iter"] > 0 and 0 < run["val_loss"] < 10
+        assert run["iters"] >= 1 and run["ms_per_iter"] > 0 and run["val_loss"] < uniform + 0.2, run
 
 
 @pytest.mark.parametrize("flags, match", [

@@ -49,7 +49,8 @@ def edges(f):
         return [*rule, "", "other", 1]
     low, high = rule
     if kind is int:
-        return [f.default, low - 1, low, low + 1, high - 1, high, True, 2.5, float(low)]
+        top = [high - 1, high] if high < math.inf else [10 ** 30]
+        return [f.default, low - 1, low, low + 1, *top, True, 2.5, float(low)]
     inside = [low, math.nextafter(low, math.inf), math.nextafter(high, -math.inf)]
     return [*inside, math.nextafter(low, -math.inf), high, math.nan, math.inf, -math.inf, int(low), True]
 

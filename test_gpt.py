@@ -1,6 +1,7 @@
 """Tests of gpt.py: the model, sampling, its loop and checkpoints, and the NumPy twin's agreement with it."""
 import ast
 import dataclasses
+import importlib.util
 import io
 import math
 import os
@@ -141,10 +142,10 @@ def test_a_learning_rate_that_stays_flat_is_allowed():
 def bad_values(field):
     """Values of the wrong type or outside the range, for a field of TrainConfig (GPTConfig's included)."""
     if field.type is int:
-        low = 0 if field.name in ("warmup_iters", "seed") else 1
-        return [True, 2.0, "3", None, low - 1]
+        low = field.metadata["rule"][0]
+        return [True, 2.0, "3", None, low - 1, field.metadata["rule"][1]]
     if field.type is float:
-        return [math.nan, math.inf, -math.inf, -1.0, True, "0.1", None]
+        return [math.nan, math.inf, -math.inf, -1.0, True, "0.1", None, field.metadata["rule"][1]]
     if field.type is bool:
         return ["no", 1, 0, None]
     return [None, 3, b"x"]  # str
@@ -169,10 +170,13 @@ def test_every_option_of_the_wrong_type_or_outside_its_range_is_refused_by_name(
     (dict(eval_iters=0), r"eval_iters must be in \[1, inf\), not 0$"),  # today: a ZeroDivisionError
     (dict(max_iters=0), r"max_iters must be in \[1, inf\), not 0$"),  # today: no step, no evaluation
     (dict(warmup_iters=-1), r"warmup_iters must be in \[0, inf\), not -1$"),
-    (dict(seed=-1), r"seed must be in \[0, inf\), not -1$"),
-    (dict(learning_rate=math.nan), r"learning_rate must be in \[1e-09, inf\), not nan$"),
-    (dict(learning_rate=0.0), r"learning_rate must be in \[1e-09, inf\), not 0.0$"),  # the schedule divides by it
-    (dict(muon_lr=0), r"muon_lr must be in \[1e-09, inf\), not 0$"),
+    (dict(seed=-1), r"seed must be in \[0, 4294967296\), not -1$"),
+    (dict(seed=2 ** 70), r"seed must be in \[0, 4294967296\), not 1180591620717411303424$"),  # torch.manual_seed's
+    (dict(muon_momentum=1.0), r"muon_momentum must be in \[0, 1\), not 1.0$"),  # Muon's matrices would never move
+    (dict(learning_rate=1e-4), r"min_lr \(0.0003\) must be at most learning_rate \(0.0001\)"),  # a rising schedule
+    (dict(learning_rate=math.nan), r"learning_rate must be in \[1e-09, 1\), not nan$"),
+    (dict(learning_rate=0.0), r"learning_rate must be in \[1e-09, 1\), not 0.0$"),  # the schedule divides by it
+    (dict(muon_lr=0), r"muon_lr must be in \[1e-09, 1\), not 0$"),
     (dict(max_time=math.inf), r"max_time must be in \[0, inf\), not inf$"),  # a loop that never ends
     (dict(grad_clip=-1.0), r"grad_clip must be in \[0, inf\), not -1.0$"),  # today: a step against the gradient
     (dict(dropout=1.0), r"dropout must be in \[0, 1\), not 1.0$"),
@@ -185,16 +189,43 @@ def test_a_value_that_would_quietly_mean_something_else_is_one_clear_error(chang
 
 
 def test_the_checks_take_every_value_that_makes_sense():
-    tc = gpt.TrainConfig(learning_rate=1, min_lr=0, max_time=90, dropout=0.1, warmup_iters=0, seed=0, grad_clip=0,
-                         weight_decay=0, out_dir="", device="cpu", bias=True, tie_weights=False)
-    assert tc.learning_rate == 1 and tc.model_config().bias is True
+    tc = gpt.TrainConfig(learning_rate=0.5, max_time=90, dropout=0.1, warmup_iters=0, seed=0, grad_clip=0,
+                         weight_decay=0, out_dir="", device="cpu", bias=True, tie_weights=False, min_lr=0.5)
+    assert tc.learning_rate == 0.5 and tc.model_config().bias is True
 
 
-def test_a_trainer_checks_a_config_changed_after_it_was_made(tmp_path):
+def test_a_config_cannot_change_after_it_was_checked(tmp_path):
     tc = tiny_train_config(tmp_path, out_dir="")
-    tc.grad_accum = 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tc.grad_accum = 0
     with pytest.raises(ValueError, match=r"^grad_accum must be in \[1, inf\), not 0$"):
-        gpt.Trainer(tc, TEXT, log=quiet)
+        dataclasses.replace(tc, grad_accum=0)
+
+
+COPIED = """from __future__ import annotations
+{source}
+
+@dataclass(frozen=True)
+class MyConfig(TrainConfig):
+    note: str | None = None
+    tags: list[str] = field(default_factory=list)
+    scale: float = option(1.0, 0, 2, help="A copier's own number.")
+"""
+
+
+def test_the_check_works_for_a_copiers_fields_with_any_annotation_under_future_annotations(tmp_path):
+    source = open(os.path.join(HERE, "gpt.py"), encoding="utf-8").read()
+    (tmp_path / "copied.py").write_text(COPIED.format(source=source), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("copied", tmp_path / "copied.py")
+    copied = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copied)
+    assert all(type(f.type) is str for f in dataclasses.fields(copied.GPTConfig))  # annotations left as text
+    config = copied.MyConfig(note="mine", tags=["a"], scale=1.5, n_layer=2)
+    assert config.note == "mine" and config.model_config().n_layer == 2
+    for bad, message in [(dict(scale=2.0), r"scale must be in \[0, 2\)"), (dict(n_layer=True), "n_layer must be of type int"),
+                         (dict(norm="x"), "norm must be one of rmsnorm, layernorm"), (dict(min_lr=0.1), "min_lr")]:
+        with pytest.raises(ValueError, match=message):
+            copied.MyConfig(**bad)
 
 
 def test_gpt2_small_has_the_published_parameter_count():
