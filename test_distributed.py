@@ -14,9 +14,11 @@ import train
 from conftest import HERE, TEXT, HANG, tiny_model, tiny_train_config, tiny_flags, quiet, run_cli
 
 
-def ddp_worker(rank, world, port, args, result_dir):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def ddp_worker(rank, world, args, result_dir):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    # A file for the processes to meet at, not a port, which another program could take meanwhile; train.py joins
+    # the group it finds.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{result_dir}/store", rank=rank, world_size=world)
     torch.set_num_threads(1)
     tc, given = args
     trainer, _ = train.run(tc, TEXT, quiet, resume=True, given=given)
@@ -49,7 +51,7 @@ def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(
                            learning_rate=6e-3)
     train.run(tc, TEXT, quiet)  # a single-process checkpoint at iteration 10 ...
     given = dict(max_iters=40, eval_interval=15, grad_accum=2)  # ... resumed by two processes, to 40
-    torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), (tc, given), str(tmp_path)), nprocs=2)
+    torch.multiprocessing.spawn(ddp_worker, args=(2, (tc, given), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     # In step bit for bit: the processes share one machine and each averaged gradient, so they round alike.
     for name, p in ranks[0]["model"].items():
@@ -65,8 +67,8 @@ def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(
     assert trainer.it == 42
 
 
-def test_ddp_averages_gradients_once_per_optimizer_step_with_grad_accum():
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+def test_ddp_averages_gradients_once_per_optimizer_step_with_grad_accum(tmp_path):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
                                          world_size=1)
     try:
         idx = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(0))
