@@ -106,8 +106,6 @@ def parse_option(name, text):
             raise argparse.ArgumentTypeError(f"{name} must be one of {', '.join(rule['choices'])}, "
                                              f"got {text}")
         return text
-    if "const" in rule:
-        return rule["type"](text)
     try:
         return rule["type"](text)
     except ValueError:

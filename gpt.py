@@ -27,14 +27,12 @@ class CharTokenizer:
 
 
 def option(default, *rule, help=""):
-    """A config field, its rule, which every entry point holds it to (the range [low, high) of a
-    number, which NaN and inf fail; or the values of a str), and its help, which --help shows."""
+    """A config field, its rule ([low, high) of a number, which NaN fails; a str's values), help."""
     return field(default=default, metadata={"rule": rule, "help": help})
 
 
 def check_option(f, value):
-    """Raises a ValueError unless value is one the config field f takes: of its default's type and
-    as its rule says. A field made without option() takes any value (a copier's note=None, say)."""
+    """A ValueError unless value has the type of field f's default and meets its option() rule."""
     kind = type(f.default)
     rule = f.metadata.get("rule")
     # type(), not isinstance(): True is an int. An int serves for a float.
@@ -47,9 +45,8 @@ def check_option(f, value):
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """The model's options, Llama's block by default; GPT-2's: norm="layernorm", pos="learned",
-    mlp="gelu", bias=True. Checked when made, and frozen: dataclasses.replace() makes another."""
-    # At most 2**20 tokens: GPT-2's 50,257 and Llama 3's 128,256 with room to spare.
+    """The model's options, Llama's block by default; GPT-2's (nanoGPT's): norm="layernorm",
+    pos="learned", mlp="gelu", bias=True. Checked when made, then frozen (dataclasses.replace)."""
     vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
     block_size: int = option(128, 1, math.inf, help="The context: the most tokens read at once.")
     n_layer: int = option(4, 1, math.inf, help="Transformer blocks.")
@@ -58,7 +55,6 @@ class GPTConfig:
     dropout: float = option(0.0, 0, 1, help="Dropout probability.")
     bias: bool = option(False, help="Biases in the linear layers and LayerNorm.")
     tie_weights: bool = option(True, help="Share the token embedding with the output layer.")
-    # The switches: the default first, GPT-2's (and nanoGPT's) second.
     norm: str = option("rmsnorm", "rmsnorm", "layernorm", help="RMSNorm or LayerNorm.")
     pos: str = option("rope", "rope", "learned", help="Rotary or learned position embeddings.")
     mlp: str = option("swiglu", "swiglu", "gelu", help="SwiGLU or GELU's MLP.")
@@ -144,8 +140,7 @@ class CausalSelfAttention(nn.Module):
         return F.dropout(self.c_proj(y), self.dropout, self.training)
 
     def heads(self, x, rope=None):
-        """The queries, keys and values of x (B, T, C), (B, nh, T, hs) each; q and k turned by rope,
-        the (cos, sin) tables of these positions (v does not turn)."""
+        """q, k and v of x (B, T, C), (B, nh, T, hs) each; q and k turned by rope's (cos, sin)."""
         # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
         q = self.c_q(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)  # (B, nh, T, hs)
         k = self.c_k(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)
@@ -192,8 +187,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        # GPT-2's names: wte, the token embedding; wpe, the learned positions (None with rope); h,
-        # the blocks.
+        # GPT-2's names: wte, the token embedding; wpe, learned positions (None: rope); h, blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
         # The rotary tables (unused with learned positions), not saved: the config makes them again.
@@ -224,9 +218,8 @@ class GPT(nn.Module):
                              f"({self.config.block_size}) in all, and one at a time after a cache")
         x = self.wte(idx)  # (B, T, C)
         # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
-        learned = self.config.pos == "learned"
-        rope = None if learned else (self.cos[start:start + T], self.sin[start:start + T])
-        if learned:
+        rope = None if self.wpe else (self.cos[start:start + T], self.sin[start:start + T])
+        if self.wpe:
             x = x + self.wpe.weight[start:start + T]
         for block in self.h:
             x = block(x, rope, cache)
@@ -322,11 +315,11 @@ def save_checkpoint(ckpt, path):
 
 
 def load_checkpoint(path, device=None):
-    """The model in eval mode on device, its CharTokenizer (or None for another), the checkpoint:
-    path's, or path itself when it is a checkpoint already read (torch.load's dict)."""
+    """The model in eval mode on device, its CharTokenizer (or None), the checkpoint: path's, or
+    path itself, a checkpoint read already."""
     device = get_device(device)
     # weights_only: tensors and plain data alone, so that a downloaded checkpoint cannot run code.
-    ckpt = path if isinstance(path, dict) else torch.load(path, map_location=device, weights_only=True)
+    ckpt = path if type(path) is dict else torch.load(path, map_location=device, weights_only=True)
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
     tokenizer = None if ckpt.get("chars") is None else CharTokenizer(ckpt["chars"])
@@ -334,28 +327,22 @@ def load_checkpoint(path, device=None):
 
 
 def checkpoint_path(out_dir):
-    """The checkpoint of the run in out_dir."""
     return os.path.join(out_dir, "ckpt.pt")
 
 
 def lock_out_dir(out_dir):
-    """Makes out_dir and locks it while the file returned, out_dir/train.lock, stays open: one run
-    at a time trains there, train.py's too. The system drops the lock of a process that ends, a
-    crashed one too. A folder that cannot take a file fails here, not at the first save."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, "train.lock"), "a+")
-    except OSError as e:
-        raise ValueError(f"cannot write in {out_dir} ({e.strerror}): give out_dir a writable folder")
-    try:
+    """Makes out_dir and locks it, one run at a time, while the file returned (out_dir/train.lock)
+    stays open; a process that ends is unlocked. A folder that cannot take a file fails now."""
+    os.makedirs(out_dir, exist_ok=True)
+    lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    # Windows has no flock: runs there are not kept apart.
+    if os.name != "nt":
         import fcntl
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    # Windows has no fcntl: runs there are not kept apart.
-    except ImportError:
-        pass
-    except OSError:
-        raise ValueError(f"{out_dir} is in use by another training run: wait for it to end, or "
-                         f"give out_dir another folder") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{out_dir} is in use by another training run: wait for it to end, or "
+                             f"give out_dir another folder") from None
     return lock
 
 
@@ -367,32 +354,25 @@ class TrainConfig(GPTConfig):
     max_time: float = option(0.0, 0, math.inf, help="Seconds to train instead (0: off).")
     eval_interval: int = option(500, 1, math.inf, help="Evaluate and save every this many steps.")
     eval_iters: int = option(50, 1, math.inf, help="Batches per split in an evaluation.")
-    # At a fixed time, many small steps beat fewer big ones.
     batch_size: int = option(8, 1, math.inf, help="Sequences per micro-batch.")
     grad_accum: int = option(1, 1, math.inf, help="Micro-batches per optimizer step.")
-    # Above 0, as the schedule divides by it.
     learning_rate: float = option(3e-3, 1e-9, 1, help="Peak learning rate (AdamW's).")
     min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
     warmup_iters: int = option(100, 0, math.inf, help="Steps of linear warmup.")
     weight_decay: float = option(0.1, 0, math.inf, help="Weight decay, on matrices only.")
-    # A shorter memory than the usual 0.999 suits small batches of characters.
-    beta2: float = option(0.99, 0, 1, help="AdamW's beta2.")
-    # Muon for the blocks' matrices, AdamW for the embeddings, gains and biases; or AdamW for all.
+    beta2: float = option(0.99, 0, 1, help="AdamW's beta2: a shorter memory suits small batches.")
     optimizer: str = option("muon", "muon", "adamw", help="Muon and AdamW, or AdamW alone.")
     muon_lr: float = option(0.01, 1e-9, 1, help="Muon's peak learning rate, on the same schedule.")
-    # At 1, Muon would never forget a gradient, and its matrices would never move.
-    muon_momentum: float = option(0.95, 0, 1, help="Muon's momentum.")
+    muon_momentum: float = option(0.95, 0, 1, help="Muon's momentum (at 1, nothing would move).")
     grad_clip: float = option(1.0, 0, math.inf, help="Clip the gradient norm to this (0: off).")
-    # torch.manual_seed takes it, with room for a process's rank under DDP.
     seed: int = option(1337, 0, 2 ** 32, help="Seed of the initial weights, the batches, dropout.")
     device: str = option("", help='cpu, cuda, cuda:N or mps ("": the best available).')
 
     def __post_init__(self):
         super().__post_init__()
-        # A decay that would rise: learning_rate=1e-4 alone is below the default min_lr.
+        # A decay that would rise (learning_rate=1e-4 alone is below the default min_lr).
         if self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr ({self.min_lr}) must be at most learning_rate "
-                             f"({self.learning_rate}): lower min_lr too")
+            raise ValueError(f"min_lr must be at most learning_rate ({self.learning_rate})")
 
     def model_config(self, **changes):
         return GPTConfig(**({f.name: getattr(self, f.name) for f in fields(GPTConfig)} | changes))
@@ -452,18 +432,15 @@ def split(data):
 class Trainer:
     """A run: the model, its optimizers, the data, where the run stands. data is a text (encoded by
     tokenizer, by default a CharTokenizer) or 1-D token ids, split(). out_dir is locked while the
-    trainer lives, and a checkpoint there refused unless resume says the caller restores it
-    (checkpoint.resume): the trainer never writes over another run."""
+    trainer lives; a checkpoint there is refused unless the caller restores it (resume=True)."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print, resume=False):
         self.tc = tc
         self.log = log
-        # Held while this trainer lives: no other run writes in out_dir meanwhile.
         self.lock = lock_out_dir(tc.out_dir) if tc.out_dir else None
-        path = checkpoint_path(tc.out_dir)
-        if tc.out_dir and not resume and os.path.lexists(path):
-            raise ValueError(f"{path} holds a checkpoint this run did not write: continue it with "
-                             f"python train.py --resume, or give out_dir another folder")
+        if tc.out_dir and not resume and os.path.lexists(checkpoint_path(tc.out_dir)):
+            raise ValueError(f"{checkpoint_path(tc.out_dir)} holds a checkpoint this run did not "
+                             f"write: continue it with train.py --resume, or use another out_dir")
         self.device = get_device(tc.device)
         if isinstance(data, str):
             tokenizer = tokenizer or CharTokenizer(data)

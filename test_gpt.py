@@ -173,7 +173,7 @@ def test_every_option_of_the_wrong_type_or_outside_its_range_is_refused_by_name(
     (dict(seed=-1), r"seed must be in \[0, 4294967296\), not -1$"),
     (dict(seed=2 ** 70), r"seed must be in \[0, 4294967296\), not 1180591620717411303424$"),  # torch.manual_seed's
     (dict(muon_momentum=1.0), r"muon_momentum must be in \[0, 1\), not 1.0$"),  # Muon's matrices would never move
-    (dict(learning_rate=1e-4), r"min_lr \(0.0003\) must be at most learning_rate \(0.0001\)"),  # a rising schedule
+    (dict(learning_rate=1e-4), r"min_lr must be at most learning_rate \(0.0001\)"),  # a rising schedule
     (dict(learning_rate=math.nan), r"learning_rate must be in \[1e-09, 1\), not nan$"),
     (dict(learning_rate=0.0), r"learning_rate must be in \[1e-09, 1\), not 0.0$"),  # the schedule divides by it
     (dict(muon_lr=0), r"muon_lr must be in \[1e-09, 1\), not 0$"),
@@ -834,3 +834,19 @@ def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
         moved = p.detach().numpy() - before[n]
         scale = largest if zero_gradient(n, model.config) else None  # AdamW's steps on rounding noise
         assert gpt_numpy.rel_error(twin.params[n] - before[n], moved, scale) < 1e-8, n
+
+
+def test_the_python_api_never_writes_over_another_run(tmp_path):
+    tc = tiny_train_config(tmp_path, max_iters=4, eval_interval=4)
+    gpt.train(tc, TEXT, log=quiet)  # a run that ended: its checkpoint stays
+    before = (tmp_path / "out" / "ckpt.pt").read_bytes()
+    with pytest.raises(ValueError, match=r"out/ckpt.pt holds a checkpoint this run did not write"):
+        gpt.train(tc, TEXT, log=quiet)
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
+    # A run training in another folder holds its lock (train.py's runs take the same one): refused until it ends.
+    other = replace(tc, out_dir=str(tmp_path / "other"))
+    held = gpt.lock_out_dir(other.out_dir)
+    with pytest.raises(ValueError, match="other is in use by another training run"):
+        gpt.Trainer(other, TEXT, log=quiet)
+    held.close()
+    gpt.Trainer(other, TEXT, log=quiet)
