@@ -94,10 +94,9 @@ def parse_args(argv=None):
 
 # ---------------------------------------------------------------------------------------------- set-up
 def set_up(tc, device, data_file, given, resume, init_from, rank, log):
-    """The Trainer this process trains with: new, resumed from out_dir/ckpt.pt, or from GPT-2's
-    weights. The config is resolved here, once: the options tc holds, then those the checkpoint or
-    GPT-2's model implies, the vocabulary, the device and the process's own; everything that can be
-    checked is checked before the first step."""
+    """The Trainer this process trains with: new, resumed, or from GPT-2's weights. The config is
+    resolved here, once: the options of tc, those the checkpoint or GPT-2's model implies, the
+    vocabulary, the device and the process's own, all checked before the first step."""
     path = gpt.checkpoint_path(tc.out_dir)
     model = None
     tokenizer = None
@@ -212,10 +211,9 @@ class Progress:
 # ---------------------------------------------------------------------------------------------- the run
 def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False, given=(),
         init_from=None, ranks=None):
-    """Trains as tc says, around gpt.Trainer.steps(); under torchrun, data-parallel. data_file: a
-    data.DataFile to read, a text, or token ids. Returns the trainer and the signal that stopped it,
-    or None when it ran to the end. given: the options the user set, for --resume and --init_from;
-    ranks: distributed.ranks(), when the caller has them."""
+    """Trains as tc says, data-parallel under torchrun, on data_file (a data.DataFile, a text, or ids);
+    returns the trainer and the signal that stopped it, or None. given: the options the user set, for
+    --resume and --init_from; ranks: distributed.ranks(), when the caller has them."""
     rank, local_rank, world = ranks or distributed.ranks()
     with distributed.process_group(world, local_rank, tc.device) as device_name:
         say = log if rank == 0 else lambda *args: None
@@ -226,8 +224,13 @@ def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False,
         # Every process's error, a bug's too, goes to the agreement, so that none waits for another.
         except Exception as e:
             error = e
-        distributed.agree_on_setup(error, trainer, rank, world)
-        return trainer, drive(trainer, say, log_interval, compile, rank, world)
+        try:
+            distributed.agree_on_setup(error, trainer, rank, world)
+            return trainer, drive(trainer, say, log_interval, compile, rank, world)
+        # However the run ends, its out_dir is free for the next.
+        finally:
+            if trainer is not None and trainer.lock is not None:
+                trainer.lock.close()
 
 
 def prepare(trainer, log, compile, world):
@@ -245,9 +248,8 @@ def prepare(trainer, log, compile, world):
 
 
 def drive(trainer, log, log_interval, compile, rank, world):
-    """Runs trainer.steps() with what a long run needs around them: DDP and torch.compile, progress
-    lines, the NaN stop, saving on a signal, and the closing report. Returns the signal that
-    stopped the run, or None."""
+    """Runs trainer.steps() with what a long run needs: progress lines, the NaN stop, saving on a
+    signal, the closing report. Returns the signal that stopped the run, or None."""
     tc = trainer.tc
     prepare(trainer, log, compile, world)
     tokens_per_step = tc.batch_size * tc.block_size * tc.grad_accum * world
@@ -261,8 +263,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
     # An evaluation, whose model is in eval mode, and the report end at once on a signal.
     with signals_caught(lambda: closing or not trainer.model.training) as caught:
         try:
-            # A new run saves its first weights before its first step; a resumed one runs the
-            # evaluation its stop cut short.
+            # A new run saves its first weights; a resumed one runs the evaluation a stop cut short.
             if start == 0:
                 trainer.save()
             elif checkpoint.evaluation_pending(trainer):
@@ -298,8 +299,8 @@ def drive(trainer, log, log_interval, compile, rank, world):
 
 
 def cut_short(trainer, stopped, twice, before_evaluation, log):
-    """A signal that could not wait for the step to end: a second one leaves the last checkpoint as
-    it was; one during an evaluation saves the run as it stood before it. Returns the signal."""
+    """A second signal leaves the last checkpoint as it was; one during an evaluation saves the run
+    as it stood before it. Returns the signal."""
     if twice:
         log(f"{stopped}, a second signal: stopped at once; the last checkpoint is as it was")
         return stopped.signum
@@ -311,9 +312,8 @@ def cut_short(trainer, stopped, twice, before_evaluation, log):
 
 
 def failure(error, trainer, rank, world):
-    """An OSError while training, a failed save (a full disk above all, whose message names neither
-    file nor what is left), said in one line; or a RuntimeError under torchrun, a collective that
-    failed as another process stopped (killed, out of memory). Any other is raised as it is."""
+    """An OSError while training, a failed save (a full disk above all), in one line that names the
+    file; or, under torchrun, a collective's RuntimeError as another process stopped. Else error."""
     if isinstance(error, OSError):
         return OSError(error.errno, f"cannot write {gpt.checkpoint_path(trainer.tc.out_dir)} "
                                     f"({error.strerror}); any file there is as it was")
@@ -321,8 +321,7 @@ def failure(error, trainer, rank, world):
 
 
 def close(trainer, start, stop, tokens_per_step, world, log):
-    """The end of a run in its first process: what was saved and, for a run that was not stopped,
-    the report. Returns the signal that stopped it, or None."""
+    """The end of a run in its first process: what was saved, and the report of a run not stopped."""
     tc = trainer.tc
     path = gpt.checkpoint_path(tc.out_dir)
     if trainer.it == start:
