@@ -430,9 +430,8 @@ def split(data):
 
 
 class Trainer:
-    """A run: the model, its optimizers, the data, where the run stands. data is a text (encoded by
-    tokenizer, by default a CharTokenizer) or 1-D token ids, split(). out_dir is locked while the
-    trainer lives; a checkpoint there is refused unless the caller restores it (resume=True)."""
+    """A run: the model, its optimizers, the data (a text, or 1-D ids), where it stands. It locks
+    out_dir while it lives and refuses a checkpoint there unless the caller restores it (resume)."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print, resume=False):
         self.tc = tc
