@@ -112,7 +112,8 @@ def test_tokenizer_round_trip():
     (dict(n_embd=30, n_head=4, pos="learned"), r"n_embd \(30\) must be a multiple of 4: of n_head \(4\), twice"),
     (dict(n_embd=18, n_head=6), r"n_embd \(18\) must be a multiple of 12: of n_head \(6\), twice that with pos='rope'"),
     (dict(n_head=0), r"n_head must be in \[1, inf\), not 0"),  # not a ZeroDivisionError
-    (dict(vocab_size=0), r"vocab_size must be in \[1, inf\), not 0"),  # not an empty model
+    (dict(vocab_size=0), r"vocab_size must be in \[1, 1048577\), not 0"),  # not an empty model
+    (dict(vocab_size=2 ** 32), r"vocab_size must be in \[1, 1048577\)"),  # not an embedding of billions of rows
     (dict(n_layer=float("nan")), "n_layer must be of type int, not nan"),
     (dict(block_size=-3), r"block_size must be in \[1, inf\), not -3"),
     (dict(n_embd=0), r"n_embd must be in \[1, inf\)"),
