@@ -299,10 +299,10 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--device", "cuda:7"], "unknown or not on this machine"),
     (["--device", "meta"], "unknown or not on this machine"),
     (["--n_embd", str(2 ** 20), "--n_head", "1", "--out_dir", "FOLDER/big"], "out of memory (["),
-    (["--out_dir", "DATA/out"], "(Not a directory): give out_dir a writable folder"),  # a folder inside a file
-    (["--out_dir", "DATA"], "data.txt (File exists): give out_dir a writable folder"),
+    (["--out_dir", "DATA/out"], "Not a directory: '"),  # a folder inside a file, named
+    (["--out_dir", "DATA"], "File exists: '"),
     (["--out_dir", "FOLDER"], "FOLDER/ckpt.pt holds a checkpoint this run did not write"),  # a folder there
-    (["--out_dir", "/sys/nope"], "cannot write in /sys/nope ("),  # a read-only file system: its real cause
+    (["--out_dir", "/sys/nope"], ": '/sys/nope'"),  # a read-only file system: its real cause, by the system
     (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
     (["--resume", "--data", "NEW_CHARS"], "has characters the checkpoint never saw ('#'): use the text it was trained"),
