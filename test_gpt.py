@@ -431,7 +431,7 @@ def test_training_writes_a_checkpoint_that_loads_with_identical_logits(tmp_path)
     fresh.load_state_dict(ckpt["model"])
     idx = torch.tensor([tok.encode("To be, or not")])
     assert torch.equal(model(idx)[0], fresh.eval()(idx)[0])
-    assert os.listdir(tmp_path / "out") == ["ckpt.pt"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "train.lock"]  # and no temporary file
 
 
 def test_load_checkpoint_takes_a_device_by_name_or_as_a_torch_device(tmp_path):
