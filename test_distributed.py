@@ -1,4 +1,5 @@
 """Tests of train.py under torchrun: DDP in step with one process, and its faults."""
+import contextlib
 import os
 import re
 import socket
@@ -29,21 +30,25 @@ def ddp_worker(rank, world, args, result_dir):
 def run_ddp_command_lines(args):
     """Runs train.py once per process as torchrun would, with the environment torchrun sets, each
     process with its own command line; returns each one's (exit status, stderr)."""
-    port = free_port()
-    processes = []
-    for rank, argv in enumerate(args):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(len(args)),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        processes.append(subprocess.Popen([sys.executable, "train.py", *argv], cwd=HERE, env=env, text=True,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    errors = [p.communicate(timeout=HANG)[1] for p in processes]
+    with held_port() as port:
+        processes = []
+        for rank, argv in enumerate(args):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(len(args)),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            processes.append(subprocess.Popen([sys.executable, "train.py", *argv], cwd=HERE, env=env, text=True,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        errors = [p.communicate(timeout=HANG)[1] for p in processes]
     return [(p.returncode, err) for p, err in zip(processes, errors)]
 
 
-def free_port():
+@contextlib.contextmanager
+def held_port():
+    """A free port, held until the processes are done with it: bound, not listening, with SO_REUSEADDR, which the
+    first process's TCPStore sets too, so that it can bind the port meanwhile and no other program is given it."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(tmp_path):
@@ -119,20 +124,20 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
     ended = run_ddp_command_lines([flags, [*flags, "--learning_rate", "1e-3", "--grad_clip", "0.5"]])
     assert ended[0] == (1, "error: process 1 of 2 was given other options than process 0 (--learning_rate, "
                            "--grad_clip): give every process the same\n") and ended[1] == (1, ""), ended
-    port = free_port()
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5)
     processes = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        processes.append(subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
-                                          env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    for line in processes[0].stdout:
-        if line.startswith("iter 5/"):
-            break
-    processes[1].kill()  # a worker lost mid-training
-    processes[1].communicate(timeout=HANG)
-    _, err = processes[0].communicate(timeout=HANG)
+    with held_port() as port:
+        for rank in range(2):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            processes.append(subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
+                                              env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        for line in processes[0].stdout:
+            if line.startswith("iter 5/"):
+                break
+        processes[1].kill()  # a worker lost mid-training
+        processes[1].communicate(timeout=HANG)
+        _, err = processes[0].communicate(timeout=HANG)
     assert processes[0].returncode == 1 and err.count("\n") == 1, err
     assert re.fullmatch(r"error: process 0 of 2 lost touch with the others at iteration \d+ \(.+\): another "
                         r"process stopped; the last checkpoint in .*out is as it was\n", err), err
