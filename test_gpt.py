@@ -214,11 +214,12 @@ class MyConfig(TrainConfig):
 """
 
 
-def test_the_check_works_for_a_copiers_fields_with_any_annotation_under_future_annotations(tmp_path):
+def test_the_check_works_for_a_copiers_fields_with_any_annotation_under_future_annotations(tmp_path, monkeypatch):
     source = open(os.path.join(HERE, "gpt.py"), encoding="utf-8").read()
     (tmp_path / "copied.py").write_text(COPIED.format(source=source), encoding="utf-8")
     spec = importlib.util.spec_from_file_location("copied", tmp_path / "copied.py")
     copied = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "copied", copied)  # as an import puts it, where dataclasses reads its names
     spec.loader.exec_module(copied)
     assert all(type(f.type) is str for f in dataclasses.fields(copied.GPTConfig))  # annotations left as text
     config = copied.MyConfig(note="mine", tags=["a"], scale=1.5, n_layer=2)
