@@ -60,7 +60,8 @@ def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path
     # Signalled once the run has saved its first weights, in a temporary folder of its own: training has begun.
     status, out, err = interrupted(["bench.py", "--quality", "600", "--data", str(tmp_path / "text"),
                                     "--json", str(tmp_path / "bench.json")], "torch ",
-                                   after_file=str(tmp_path / "tmp" / "*" / "ckpt.pt"), env=dict(TMPDIR=str(tmp_path / "tmp")))
+                                   after_file=str(tmp_path / "tmp" / "*" / "ckpt.pt"),
+                                   env=dict(TMPDIR=str(tmp_path / "tmp")))
     assert status == 130 and re.fullmatch(r"SIGINT: stopped after \d+ s, so no val loss\n", err), err
     assert (tmp_path / "bench.json").read_text() == '{"figures": "of the run before"}'
 

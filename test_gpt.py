@@ -224,7 +224,8 @@ def test_the_check_works_for_a_copiers_fields_with_any_annotation_under_future_a
     assert all(type(f.type) is str for f in dataclasses.fields(copied.GPTConfig))  # annotations left as text
     config = copied.MyConfig(note="mine", tags=["a"], scale=1.5, n_layer=2)
     assert config.note == "mine" and config.model_config().n_layer == 2
-    for bad, message in [(dict(scale=2.0), r"scale must be in \[0, 2\)"), (dict(n_layer=True), "n_layer must be of type int"),
+    for bad, message in [(dict(scale=2.0), r"scale must be in \[0, 2\)"),
+                         (dict(n_layer=True), "n_layer must be of type int"),
                          (dict(norm="x"), "norm must be one of rmsnorm, layernorm"), (dict(min_lr=0.1), "min_lr")]:
         with pytest.raises(ValueError, match=message):
             copied.MyConfig(**bad)

@@ -192,7 +192,8 @@ def test_a_long_evaluation_runs_batch_by_batch_and_a_signal_ends_it_at_once(tmp_
     monkeypatch.setattr(gpt.GPT, "forward", signalled_in_the_evaluation)
     # A billion batches would take days: the message below says the evaluation was cut short, not finished.
     with pytest.raises(SystemExit) as exit_info:
-        train.main([*tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=3, eval_iters=10 ** 9), "--log_interval", "1"])
+        train.main([*tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=3, eval_iters=10 ** 9),
+                    "--log_interval", "1"])
     out = capsys.readouterr().out
     assert exit_info.value.code == 143 and len(evaluated) == 1, out
     assert "SIGTERM: the evaluation was cut short; saved iteration 3 to" in out, out
