@@ -10,7 +10,6 @@ import sys
 
 import torch
 
-import data
 import gpt
 
 

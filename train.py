@@ -9,7 +9,6 @@ import sys
 try:
     import contextlib
     import dataclasses
-    import os
     import signal
     import threading
     import time
