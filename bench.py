@@ -37,7 +37,6 @@ import gpt
 import gpt2
 import gpt_numpy
 import muon
-import report
 import train
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu")
@@ -381,7 +380,7 @@ def fixed_val_loss(trainer, batches=100, seed=0):
     return total / batches
 
 
-def bench_optimizers(seconds, path, optimizers=cli.CHOICES["optimizer"], **changes):
+def bench_optimizers(seconds, path, optimizers=cli.choices("optimizer"), **changes):
     """Trains the default CPU config with each optimizer for `seconds` of wall time, one after the other in this
     process on the same text; {optimizer: its steps, ms per step and val loss on a fixed set of 100 val batches}.
     changes: other TrainConfig options, the same for every run."""
@@ -410,21 +409,6 @@ def timed_run(tc, text, tokenizer, variant="default"):
     return dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000, val_loss=fixed_val_loss(trainer))
 
 
-class HeadNorm(torch.nn.Module):
-    """RMSNorm of each head's channels, without a gain: QK-norm, after the query's or key's map. A rotation keeps
-    a vector's norm, so norming before the rotary turn or after it is the same."""
-
-    def __init__(self, linear, n_head):
-        super().__init__()
-        self.linear = linear
-        self.n_head = n_head
-
-    def forward(self, x):
-        y = self.linear(x)
-        heads = y.unflatten(-1, (self.n_head, -1))  # (B, T, nh, hs)
-        return torch.nn.functional.rms_norm(heads, heads.shape[-1:], eps=1e-5).flatten(-2)
-
-
 def relu_squared(config):
     """The MLP as nanochat and modded-nanogpt have it: two matrices, 4 * n_embd wide, relu(x)^2 between."""
     model = gpt.GPT(dataclasses.replace(config, mlp="gelu"))
@@ -436,27 +420,19 @@ def relu_squared(config):
 
 
 def qk_norm(config):
-    """RMSNorm of each head's query and key, before the rotary turn. gpt.py's attention stacks the weights of its
-    three maps into one product, which leaves no place for the norms: here each map runs alone, as report.py reads
-    them (training only: no cache)."""
+    """RMSNorm of each head's query and key, without a gain, after their maps and before the rotary turn: QK-norm.
+    A rotation keeps a vector's norm, so norming after gpt.py's turn is the same."""
     model = gpt.GPT(config)
     for block in model.h:
-        attn = block.attn
-        attn.c_q = HeadNorm(attn.c_q, config.n_head)
-        attn.c_k = HeadNorm(attn.c_k, config.n_head)
-        attn.forward = functools.partial(normed_attention, attn)
+        block.attn.heads = functools.partial(normed_heads, block.attn)
     return model
 
 
-def normed_attention(attn, x, rope=None, cache=None):
-    """The attention of gpt.CausalSelfAttention, its queries and keys from report.queries_keys_values."""
-    if cache is not None:
-        raise ValueError("the qk-norm variant is trained, not sampled: it keeps no cache")
-    q, k, v = report.queries_keys_values(attn, x, rope)
-    dropout = attn.dropout if attn.training else 0.0
-    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-    y = y.transpose(1, 2).flatten(2)  # (B, T, C)
-    return torch.nn.functional.dropout(attn.c_proj(y), attn.dropout, attn.training)
+def normed_heads(attn, x, rope=None):
+    """The queries, keys and values of gpt.CausalSelfAttention.heads, the queries and keys RMS-normed."""
+    q, k, v = gpt.CausalSelfAttention.heads(attn, x, rope)
+    rms = functools.partial(torch.nn.functional.rms_norm, normalized_shape=q.shape[-1:], eps=1e-5)
+    return rms(q), rms(k), v
 
 
 def zero_c_proj(config):
@@ -574,7 +550,7 @@ def train_option(text):
     """An argparse type: OPTION=VALUE, an option of TrainConfig and a value its train.py flag takes, held to the same
     rules (cli.option_rule)."""
     name, _, value = text.partition("=")
-    names = [name for name in cli.OPTION_TYPES if name not in NOT_SET]
+    names = [name for name in cli.FIELDS if name not in NOT_SET]
     if name not in names:
         raise argparse.ArgumentTypeError(f"{text!r}: --set takes OPTION=VALUE, OPTION one of {', '.join(names)}")
     return name, cli.parse_option(name, value)
@@ -598,7 +574,7 @@ def measure(argv=None):
                         help="with --variants: this one and the default alone; again for more")
     parser.add_argument("--data", default="input.txt", help="text for --quality, --optimizers and --variants "
                                                             "(default: %(default)s)")
-    parser.add_argument("--only", choices=cli.CHOICES["optimizer"], help="with --optimizers: run this one alone")
+    parser.add_argument("--only", choices=cli.choices("optimizer"), help="with --optimizers: run this one alone")
     parser.add_argument("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
                         help="with --optimizers: an option of train.py for every run, as its flag takes it "
                              "(--set muon_lr=0.02); again for more")
@@ -608,6 +584,10 @@ def measure(argv=None):
     args = parser.parse_args(argv)
     if (args.only or args.set) and not args.optimizers:
         parser.error("--only and --set go with --optimizers")
+    try:  # the options together, as train.py holds them: min_lr at most learning_rate, say
+        gpt.TrainConfig(**dict(args.set))
+    except ValueError as e:
+        parser.error(f"--set: {e}")
     if args.variant and not args.variants:
         parser.error("--variant goes with --variants")
     device = cli.usable_device(args.device)
@@ -626,7 +606,7 @@ def measure(argv=None):
     elif args.optimizers:
         changes = dict(args.set)
         runs = figures["optimizers"] = bench_optimizers(args.optimizers, args.data,
-                                                        (args.only,) if args.only else cli.CHOICES["optimizer"],
+                                                        (args.only,) if args.only else cli.choices("optimizer"),
                                                         **changes)
         default = gpt.TrainConfig().optimizer
         print(f"{args.optimizers:.0f} s of training each on {args.data}, the default CPU config, one after the other; "
@@ -700,7 +680,7 @@ def measure(argv=None):
         for r in figures["training"]:
             print(f"{r['name']:34s} {r['dtype']:14s} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
         m = figures["muon_step_ms"]
-        print(f"\nMuon's step on the default CPU model's 16 matrices: torch.optim.Muon {m['torch.optim.Muon']:.1f} ms, "
+        print(f"\nMuon's step on the default CPU model's 28 matrices: torch.optim.Muon {m['torch.optim.Muon']:.1f} ms, "
               f"muon.BatchedMuon {m['muon.BatchedMuon']:.1f} ms, {m['torch.optim.Muon'] / m['muon.BatchedMuon']:.1f}x")
         s = figures["sampling_tokens_per_s"]
         print(f"\nsampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context ({SAMPLING['n_layer']} layers, "

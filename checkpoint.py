@@ -5,7 +5,7 @@ states, the evaluations), restores a gpt.Trainer from it, gives the options it r
 tokenizer it needs, and keeps the run's folder (writable, one run at a time).
 
     model, tokenizer, ckpt = checkpoint.load(checkpoint.path_in("out"), "cpu")
-    tc = checkpoint.resumed_config(tc, ckpt, path, given, print)
+    options = checkpoint.resumed_options(tc, ckpt, path, given, print)
     checkpoint.resume(trainer, ckpt, path)
 """
 import dataclasses
@@ -23,7 +23,7 @@ import gpt2
 
 def path_in(out_dir):
     """The checkpoint of the run in out_dir."""
-    return os.path.join(out_dir, "ckpt.pt")
+    return os.path.join(out_dir, gpt.CHECKPOINT)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -35,20 +35,15 @@ def load(path, device):
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
     try:
-        # gpt.load_checkpoint's steps, with a checkpoint of the layout before each map had a weight of
-        # its own brought to today's on the way.
-        # On the CPU, and moved to device after: the random states must stay CPU tensors, and
-        # torch.load cannot place tensors on a device named with an index (cpu:0).
+        # Read here, to the CPU (torch.load maps no cpu:0; the random states stay CPU tensors), so
+        # that a checkpoint of the layout before each map had a weight of its own is brought to
+        # today's before gpt.load_checkpoint builds its model on device.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         split = split_maps(ckpt["model"], ckpt["config"])
         # Marked, in memory alone, for resume, which cuts the optimizers' states likewise.
         ckpt[OLD_LAYOUT] = split is not ckpt["model"]
         ckpt["model"] = split
-        model = gpt.GPT(gpt.GPTConfig(**ckpt["config"]))
-        model.load_state_dict(ckpt["model"])
-        model = model.to(gpt.get_device(str(device))).eval()
-        chars = ckpt.get("chars")
-        tokenizer = None if chars is None else gpt.CharTokenizer(chars)
+        model, tokenizer, ckpt = gpt.load_checkpoint(ckpt, str(device))
         # Else decoding a sampled token would fail, or give other characters than the training's.
         if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
             raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of "
@@ -184,35 +179,36 @@ def recorded_options(ckpt, path, advice):
                          f"it is damaged or hand-made; {advice}")
     options = {}
     for name, value in recorded.items():
-        if name not in cli.OPTION_TYPES or name in ("out_dir", "device"):
+        if name not in cli.FIELDS or name in ("out_dir", "device"):
             continue
-        if not cli.allowed(name, value):
-            raise ValueError(f"{path} records {name} = {value!r}, which no run could have: it is "
-                             f"damaged or hand-made; {advice}")
+        try:
+            gpt.check_option(cli.FIELDS[name], value)
+        except ValueError as e:
+            raise ValueError(f"{path} records {name} = {value!r}, which no run could have ({e}): it "
+                             f"is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
-        options[name] = float(value) if cli.OPTION_TYPES[name] is float else value
+        options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
     return options
 
 
-def keep_model_options(tc, config, given, why, log):
-    """tc with the model options of config, naming those given that differ as ignored; the
-    training's block_size may be the model's or shorter."""
+def model_options(block_size, config, given, why, log):
+    """The model options of config, for a run of that block_size, naming those given that differ as
+    ignored; the training's block_size may be the model's or shorter."""
     ignored = [f"--{name} {given[name]}" for name in MODEL_OPTIONS
                if name in given and given[name] != getattr(config, name)]
     if ignored:
         log(f"{why} keeps the model's options, so these are ignored: {', '.join(ignored)}")
-    block_size = min(tc.block_size, config.block_size) if "block_size" not in given else tc.block_size
+    block_size = min(block_size, config.block_size) if "block_size" not in given else block_size
     if block_size > config.block_size:
         raise ValueError(f"--block_size {block_size} is beyond the model's context of "
                          f"{config.block_size}: give at most that")
-    options = {name: getattr(config, name) for name in MODEL_OPTIONS}
-    return dataclasses.replace(tc, **options, block_size=block_size)
+    return {**{name: getattr(config, name) for name in MODEL_OPTIONS}, "block_size": block_size}
 
 
-def resumed_config(tc, ckpt, path, given, log):
-    """The options a resumed run trains with: those the checkpoint recorded, then those given
-    (recorded in the next checkpoint, as they run). The model's own options and the seed stay, and
-    those given that differ are named as ignored."""
+def resumed_options(tc, ckpt, path, given, log):
+    """The options a resumed run trains with, beside those of tc: those the checkpoint recorded,
+    then those given (recorded in the next checkpoint, as they run). The model's own options and
+    the seed stay, and those given that differ are named as ignored."""
     recorded = recorded_options(ckpt, path, "train without --resume")
     # The optimizers' states in the checkpoint are those of the optimizer it recorded.
     optimizer = recorded.get("optimizer", "adamw")
@@ -225,14 +221,15 @@ def resumed_config(tc, ckpt, path, given, log):
         log(f"--resume goes on with the run's random streams, so these are ignored: "
             f"{', '.join(ignored)}")
     given = {k: v for k, v in given.items() if k not in KEPT_ON_RESUME or k not in recorded}
-    kept = {k: v for k, v in recorded.items() if k not in given}
-    tc = dataclasses.replace(tc, **kept, **given)
+    options = {**recorded, **given}
     # A timed run stops on its clock, which a --max_iters given would leave unused.
-    if tc.max_time and "max_iters" in given:
-        raise ValueError(f"{path} is a run timed by --max_time {tc.max_time:g}, which --max_iters does "
-                         f"not change: give a longer --max_time, or --max_time 0 --max_iters "
-                         f"{given['max_iters']} to train by steps")
-    return keep_model_options(tc, gpt.GPTConfig(**ckpt["config"]), given, "--resume", log)
+    if options.get("max_time") and "max_iters" in given:
+        raise ValueError(f"{path} is a run timed by --max_time {options['max_time']:g}, which "
+                         f"--max_iters does not change: give a longer --max_time, or --max_time 0 "
+                         f"--max_iters {given['max_iters']} to train by steps")
+    block_size = options.get("block_size", tc.block_size)
+    config = gpt.GPTConfig(**ckpt["config"])
+    return {**options, **model_options(block_size, config, given, "--resume", log)}
 
 
 def recorded_config(ckpt, path, config, device, advice):
@@ -240,8 +237,9 @@ def recorded_config(ckpt, path, config, device, advice):
     on device without writing anything: its recorded options, its model's own, a context no longer
     than its own."""
     options = recorded_options(ckpt, path, advice)
-    tc = gpt.TrainConfig(**{**options, "out_dir": "", "device": str(device)})
-    return keep_model_options(tc, config, {}, "--report", print)
+    block_size = options.get("block_size", gpt.TrainConfig.block_size)
+    model = model_options(block_size, config, {}, "--report", print)
+    return gpt.TrainConfig(**{**options, **model, "out_dir": "", "device": str(device)})
 
 
 # ---------------------------------------------------------------------------------------------- resuming
@@ -281,6 +279,24 @@ def state_fits(optimizer, saved):
     return True
 
 
+def evaluations_fit(history):
+    """Whether each evaluation has its step, its clock and learning rate, and its finite losses,
+    which the report draws."""
+    return all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER and finite(h["seconds"], 0)
+               and finite(h["lr"], 0) and finite(h["train"]) and finite(h["val"]) for h in history)
+
+
+def evaluations(ckpt, path, advice):
+    """The checkpoint's evaluations (its history), all a report needs of its training state."""
+    try:
+        if evaluations_fit(ckpt["history"]):
+            return ckpt["history"]
+    except (KeyError, TypeError, AttributeError, IndexError):
+        pass
+    raise ValueError(f"{path} has no evaluations a report can draw: it is damaged or hand-made; "
+                     f"{advice}")
+
+
 def check_resumable(ckpt, trainer, path, advice="train without --resume"):
     """What a checkpoint brings to resume (or to rebuild its report), checked against the model
     before an optimizer ever steps on it: a moment of the wrong shape makes the fused AdamW write
@@ -299,11 +315,7 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
         saved = ckpt["optimizers"]
         fits = len(saved) == len(trainer.optimizers) and all(
             state_fits(optimizer, state) for optimizer, state in zip(trainer.optimizers, saved))
-        # Each evaluation: its step, its clock and learning rate, and its finite losses, which the
-        # report draws.
-        fits = fits and all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER
-                            and finite(h["seconds"], 0) and finite(h["lr"], 0)
-                            and finite(h["train"]) and finite(h["val"]) for h in ckpt["history"])
+        fits = fits and evaluations_fit(ckpt["history"])
     except (KeyError, TypeError, AttributeError, IndexError):
         fits = False
     if not fits:
@@ -375,14 +387,18 @@ def evaluation_pending(trainer):
 
 
 # ---------------------------------------------------------------------------------------------- out_dir
-def check_out_dir(out_dir):
+def check_out_dir(out_dir, resume):
     """An --out_dir that cannot be written fails now, by its real cause, not at the first save
-    after minutes of training; so do a checkpoint and its temporary file that are not files. None
-    ("", which only --resume passes) is refused: a resumed run goes on in its own folder."""
+    after minutes of training; so do a checkpoint and its temporary file that are not files, and
+    a new run's, where a checkpoint would be overwritten. "" (with --resume) is refused: a resumed
+    run goes on in its own folder."""
     if not out_dir:
         raise ValueError('--resume goes on in the folder of the run, and --out_dir "" names none: '
                          'give the --out_dir it was trained with')
     path = path_in(out_dir)
+    if not resume and os.path.isfile(path):
+        raise ValueError(f"{path} holds an earlier run, which this one would overwrite: continue it "
+                         f"with --resume, or start anew in another --out_dir (or remove it)")
     try:
         os.makedirs(out_dir, exist_ok=True)
         for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):

@@ -1,19 +1,15 @@
-"""What the command lines (train.py, sample.py, bench.py) share: argparse with one-line errors, the
-rules of every option (its type, limits and help, in one place), the device check, and the output's
-edge cases.
-
-Bad input is refused here, where it arrives, in one line that says what is wrong and what to do;
-gpt.py keeps only the checks that guard the model itself.
+"""What the command lines (train.py, sample.py, bench.py) share: argparse with one-line errors, a
+flag for each option of gpt.TrainConfig made from the rule and help gpt.option() declared beside
+it (so that a flag refuses exactly what the config does), the device check, and the output's edge
+cases. Bad input is refused where it arrives, in one line that says what is wrong and what to do.
 """
 import argparse
 import dataclasses
-import math
 import os
 import sys
 
 import torch
 
-import data
 import gpt
 
 
@@ -71,83 +67,44 @@ def usable_device(name=""):
 
 
 
-# The range [low, high) of each number of TrainConfig: NaN fails both comparisons, and inf the
-# second. The command lines refuse any other value before a config is built, and a checkpoint's
-# recorded options are held to the same.
-LIMITS = {**dict.fromkeys(["block_size", "n_layer", "n_head", "n_embd", "max_iters",
-                           "eval_interval", "eval_iters", "batch_size", "grad_accum"], (1, 2 ** 53)),
-          **dict.fromkeys(["max_time", "min_lr", "warmup_iters", "weight_decay", "grad_clip"],
-                          (0, math.inf)),
-          "dropout": (0, 1), "beta2": (0, 1), "learning_rate": (1e-9, 1), "seed": (0, 2 ** 32),
-          "vocab_size": (1, data.MAX_VOCAB + 1), "muon_lr": (1e-9, 1), "muon_momentum": (0, 1)}
-# The values of each option that names one: the model's switches and the optimizer, gpt.py's.
-CHOICES = gpt.CHOICES
-# Each option's help, which --help shows with its default.
-HELP = {
-    "vocab_size": "Tokens in the vocabulary.",
-    "block_size": "The context: the most tokens the model reads at once.",
-    "n_layer": "Transformer blocks.",
-    "n_head": "Attention heads.",
-    "n_embd": "Width of the residual stream.",
-    "dropout": "Dropout probability.",
-    "bias": "Biases in the linear layers and LayerNorm.",
-    "tie_weights": "Share the token embedding with the output layer.",
-    "norm": "rmsnorm or layernorm (GPT-2's).",
-    "pos": "rope (rotary) or learned (GPT-2's position embeddings).",
-    "mlp": "swiglu or gelu (GPT-2's).",
-    "out_dir": 'Folder of ckpt.pt, the checkpoint, and report.html ("" writes none).',
-    "max_iters": "Optimizer steps in all.",
-    "max_time": "Seconds of wall time to train instead of max_iters (0: off); the learning rate "
-                "then decays over time.",
-    "eval_interval": "Evaluate and save every this many steps.",
-    "eval_iters": "Batches per split in an evaluation.",
-    "batch_size": "Sequences per micro-batch: at a fixed time, many small steps beat fewer big ones.",
-    "grad_accum": "Micro-batches per optimizer step.",
-    "learning_rate": "Peak learning rate (AdamW's).",
-    "min_lr": "Learning rate at the end of the cosine decay.",
-    "warmup_iters": "Steps of linear warmup.",
-    "weight_decay": "Weight decay, on matrices only.",
-    "beta2": "AdamW's beta2: a shorter memory than the usual 0.999 suits small batches of characters.",
-    "optimizer": "adamw, or muon: Muon for the blocks' matrices, AdamW for the embeddings, gains "
-                 "and biases.",
-    "muon_lr": "Muon's peak learning rate, on learning_rate's schedule.",
-    "muon_momentum": "Muon's momentum.",
-    "grad_clip": "Clip the gradient norm to this (0: off).",
-    "seed": "Random seed: the initial weights, the batches and dropout.",
-    "device": 'cpu, cuda, cuda:N or mps ("": the best available).',
-}
-# The type of each TrainConfig option.
-OPTION_TYPES = {f.name: f.type for f in dataclasses.fields(gpt.TrainConfig)}
+# Each option of TrainConfig, a dataclasses.Field whose rule and help gpt.option() declared.
+FIELDS = {f.name: f for f in dataclasses.fields(gpt.TrainConfig)}
 
 
-def allowed(name, value):
-    """Whether value is one the option name can take: of its type (a whole number for a float),
-    within its limits, one of its choices."""
-    kind = OPTION_TYPES[name]
-    if kind is float and type(value) is int:
-        value = float(value)
-    low, high = LIMITS.get(name, (None, None))
-    in_range = low is None or (type(value) is not str and low <= value < high)
-    return type(value) is kind and in_range and value in CHOICES.get(name, (value,))
+def choices(name):
+    """The values the option name may take, when it names one of them; else ()."""
+    rule = FIELDS[name].metadata.get("rule", ())
+    return rule if type(FIELDS[name].default) is str else ()
 
 
 def option_rule(name):
-    """argparse's keywords for the TrainConfig option name: its type, limits or choices, and help.
-    --help shows the default after the help, which the caller adds."""
-    kind = OPTION_TYPES[name]
-    rule = dict(help=HELP.get(name, ""))
+    """argparse's keywords for the TrainConfig option name, from its field: its type, and gpt.py's
+    own check of its rule (or its choices), and its help. --help shows the default after the help,
+    which the caller adds."""
+    f = FIELDS[name]
+    kind = type(f.default)
+    rule = dict(help=f.metadata.get("help", ""))
     if kind is bool:
         return {**rule, **FLAG}
-    if name in CHOICES:
-        return {**rule, "choices": CHOICES[name]}
-    low, high = LIMITS.get(name, (-math.inf, math.inf))
-    return {**rule, "type": number(kind, lambda v: allowed(name, v), f"in [{low}, {high})")}
+    if choices(name):
+        return {**rule, "choices": choices(name)}
+
+    def parse(text):
+        # A ValueError of kind(text) becomes argparse's own "invalid int value".
+        value = kind(text)
+        try:
+            gpt.check_option(f, value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    parse.__name__ = kind.__name__
+    return {**rule, "type": parse}
 
 
 def parse_option(name, text):
     """The value text gives the TrainConfig option name, by the rule of its flag; an
     argparse.ArgumentTypeError says what is wrong."""
-    if name not in OPTION_TYPES:
+    if name not in FIELDS:
         raise argparse.ArgumentTypeError(f"no option {name}: see python train.py --help")
     rule = option_rule(name)
     if "choices" in rule:
@@ -158,8 +115,8 @@ def parse_option(name, text):
     try:
         return rule["type"](text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{name} must be {OPTION_TYPES[name].__name__}, got {text}")
-
+        raise argparse.ArgumentTypeError(f"{name} must be {type(FIELDS[name].default).__name__}, "
+                                         f"got {text}")
 
 
 # ---------------------------------------------------------------------------------------------- output

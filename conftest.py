@@ -3,6 +3,7 @@
 A timeout here only catches a hang: every one is minutes, far beyond what a slow, busy machine takes.
 """
 import dataclasses
+import glob
 import json
 import os
 import signal
@@ -74,17 +75,21 @@ def one_line_error(capsys, module, *args):
     return message
 
 
-def interrupted(args, after_line, after_seconds=0.0):
-    """Runs python args, sends it Ctrl-C once a line of its output starts with after_line (then after_seconds more);
-    returns (exit status, stdout, stderr)."""
+def interrupted(args, after_line, after_file=None, env=None):
+    """Runs python args, sends it Ctrl-C once a line of its output starts with after_line and, when after_file is
+    given, once a file matching that glob pattern exists (polled, as it appears); returns (exit status, stdout,
+    stderr)."""
     proc = subprocess.Popen([sys.executable, *args], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell
+                            text=True, env=None if env is None else {**os.environ, **env},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell
     said = ""
     for line in proc.stdout:
         said += line
         if line.startswith(after_line):
             break
-    time.sleep(after_seconds)
+    while after_file and not glob.glob(after_file):
+        assert proc.poll() is None, "it ended before the file appeared"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=HANG)
     return proc.returncode, said + out, err

@@ -5,15 +5,15 @@ import codecs
 import os
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 import gpt
 
-# The largest vocabulary a run may build: GPT-2's 50,257 tokens and Llama 3's 128,256 with room to
-# spare; an id of 2**32 - 1 would otherwise ask for an embedding of billions of rows.
-MAX_VOCAB = 1 << 20
+# The largest vocabulary a run may build, the last gpt.GPTConfig's rule of vocab_size takes: an id
+# of 2**32 - 1 would otherwise ask for an embedding of billions of rows.
+MAX_VOCAB = next(f for f in fields(gpt.GPTConfig) if f.name == "vocab_size").metadata["rule"][1] - 1
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -219,7 +219,7 @@ def is_ids(data):
 def check_block_size(block_size, data):
     """A block_size beyond the held-out tokens is refused, by its flag's name, before anything is
     built."""
-    held_out = len(data) - int(0.9 * len(data))
+    held_out = len(gpt.split(data)["val"])
     if block_size >= held_out:
         raise ValueError(f"--block_size {block_size} is too long for the {held_out} tokens held out "
                          f"for validation (the last 10% of --data): lower --block_size, or give more")

@@ -133,7 +133,7 @@ def process_group(world, local_rank, device_name):
 
 
 def options_of(trainer):
-    """The options every process of a DDP run must share: all but those process_config sets apart
+    """The options every process of a DDP run must share: all but those process_options sets apart
     (the seed, out_dir) and the device, which is each process's own GPU."""
     options = dataclasses.asdict(trainer.tc)
     return {name: value for name, value in options.items() if name not in ("seed", "out_dir", "device")}
@@ -147,10 +147,11 @@ def vocabulary_of(trainer):
     return name, trainer.model.config.vocab_size
 
 
-def process_config(tc, rank):
-    """Each process draws its own batches (DDP starts every copy of the model from the first one's
-    weights), and only the first writes checkpoints."""
-    return dataclasses.replace(tc, seed=tc.seed + rank, out_dir=tc.out_dir if rank == 0 else "")
+def process_options(options, rank):
+    """This process's own options of a run's (a dict): each process draws its own batches (DDP
+    starts every copy of the model from the first one's weights), and only the first writes
+    checkpoints. The seed stays one a config takes."""
+    return {"seed": (options["seed"] + rank) % 2 ** 32, "out_dir": options["out_dir"] if rank == 0 else ""}
 
 
 def reseed(trainer, rank):

@@ -5,7 +5,7 @@ import os
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -27,49 +27,43 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
 
-# The switches: the default first, GPT-2's (and nanoGPT's) second.
-CHOICES = {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"), "mlp": ("swiglu", "gelu"),
-           "optimizer": ("muon", "adamw")}
-# Least values but a count's 1 and another number's 0: the schedule divides by learning_rate.
-LOWEST = {"warmup_iters": 0, "seed": 0, "learning_rate": 1e-9, "muon_lr": 1e-9}
+def option(default, *rule, help=""):
+    """A config field, its rule ([low, high) of a number, which NaN fails; a str's values), help."""
+    return field(default=default, metadata={"rule": rule, "help": help})
 
 
-@dataclass
+def check_option(f, value):
+    """A ValueError unless value has the type of field f's default and meets its option() rule."""
+    kind = type(f.default)
+    rule = f.metadata.get("rule")
+    # type(), not isinstance(): True is an int. An int serves for a float.
+    if "rule" in f.metadata and type(value) not in (kind, int if kind is float else kind):
+        raise ValueError(f"{f.name} must be of type {kind.__name__}, not {value!r}")
+    if rule and not (value in rule if kind is str else rule[0] <= value < rule[1]):
+        allowed = f"one of {', '.join(rule)}" if kind is str else f"in [{rule[0]}, {rule[1]})"
+        raise ValueError(f"{f.name} must be {allowed}, not {value!r}")
+
+
+@dataclass(frozen=True)
 class GPTConfig:
-    """Llama's block by default; GPT-2's: norm="layernorm", pos="learned", mlp="gelu", bias=True."""
-    # Tokens in the vocabulary: the training text's characters, or a tokenizer's vocab_size.
-    vocab_size: int = 65
-    # The context: the most tokens the model reads at once.
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    # Width of the residual stream.
-    n_embd: int = 128
-    dropout: float = 0.0
-    # Biases in the linear layers and LayerNorm.
-    bias: bool = False
-    # Share the token embedding with the output layer.
-    tie_weights: bool = True
-    norm: str = "rmsnorm"
-    # rope (rotary) or learned (GPT-2's position embeddings).
-    pos: str = "rope"
-    mlp: str = "swiglu"
+    """The model's options, Llama's block by default; GPT-2's (nanoGPT's): norm="layernorm",
+    pos="learned", mlp="gelu", bias=True. Checked when made, then frozen (dataclasses.replace)."""
+    vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
+    block_size: int = option(128, 1, math.inf, help="The context: the most tokens read at once.")
+    n_layer: int = option(4, 1, math.inf, help="Transformer blocks.")
+    n_head: int = option(4, 1, math.inf, help="Attention heads.")
+    n_embd: int = option(128, 1, math.inf, help="Width of the residual stream.")
+    dropout: float = option(0.0, 0, 1, help="Dropout probability.")
+    bias: bool = option(False, help="Biases in the linear layers and LayerNorm.")
+    tie_weights: bool = option(True, help="Share the token embedding with the output layer.")
+    norm: str = option("rmsnorm", "rmsnorm", "layernorm", help="RMSNorm or LayerNorm.")
+    pos: str = option("rope", "rope", "learned", help="Rotary or learned position embeddings.")
+    mlp: str = option("swiglu", "swiglu", "gelu", help="SwiGLU or GELU's MLP.")
 
     def __post_init__(self):
-        """Each option of its type and in its range: bias="no", n_layer=True would mean another."""
+        """Each option as its rule says, then the rules that tie two options."""
         for f in fields(self):
-            value = getattr(self, f.name)
-            # type(), not isinstance(): True is an int. An int serves for a float.
-            if type(value) is not f.type and not (f.type is float and type(value) is int):
-                raise ValueError(f"{f.name} must be of type {f.type.__name__}, not {value!r}")
-            allowed = CHOICES.get(f.name, (value,))
-            if value not in allowed:
-                raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, not {value!r}")
-            # Finite, as NaN fails every comparison; dropout below 1.
-            low = LOWEST.get(f.name, 1 if f.type is int else 0)
-            high = 1 if f.name == "dropout" else math.inf
-            if f.type in (int, float) and not low <= value < high:
-                raise ValueError(f"{f.name} must be in [{low}, {high}), not {value}")
+            check_option(f, getattr(self, f.name))
         # Rotary positions turn pairs of channels within each head.
         multiple = 2 * self.n_head if self.pos == "rope" else self.n_head
         if self.n_embd % multiple:
@@ -135,27 +129,26 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x, rope=None, cache=None):
-        B, T, C = x.shape
-        maps = (self.c_q, self.c_k, self.c_v)
-        # The three maps in one product of their weights stacked: a copy of the weights and one
-        # large product cost less than three small products, and each weight gets its own gradient.
-        bias = None if self.c_q.bias is None else torch.cat([m.bias for m in maps])
-        qkv = F.linear(x, torch.cat([m.weight for m in maps]), bias)  # (B, T, 3 * C)
-        # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
-        q, k, v = [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-                   for t in qkv.split(C, dim=-1)]
-        # rope: the (cos, sin) tables of these positions. q and k turn; v does not.
-        if rope is not None:
-            q, k = rope_forward(q, *rope), rope_forward(k, *rope)
+        q, k, v = self.heads(x, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
         # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow with the head
         # size. is_causal gives later keys weight 0, by a mask aligned top left (query i sees keys
         # 0 to i): the one query after a cache, the last position, goes without it and sees all.
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh * hs): the heads side by side again
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
+        y = y.transpose(1, 2).flatten(2)  # (B, T, nh * hs): the heads side by side again
         return F.dropout(self.c_proj(y), self.dropout, self.training)
+
+    def heads(self, x, rope=None):
+        """q, k and v of x (B, T, C), (B, nh, T, hs) each; q and k turned by rope's (cos, sin)."""
+        # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
+        q = self.c_q(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.c_k(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)
+        v = self.c_v(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)
+        if rope is None:
+            return q, k, v
+        return rope_forward(q, *rope), rope_forward(k, *rope), v
 
 
 class MLP(nn.Module):
@@ -195,8 +188,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        # GPT-2's names: wte, the token embedding; wpe, the learned positions (None with rope); h,
-        # the blocks.
+        # GPT-2's names: wte, the token embedding; wpe, learned positions (None: rope); h, blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
         # The rotary tables (unused with learned positions), not saved: the config makes them again.
@@ -227,9 +219,8 @@ class GPT(nn.Module):
                              f"({self.config.block_size}) in all, and one at a time after a cache")
         x = self.wte(idx)  # (B, T, C)
         # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
-        learned = self.config.pos == "learned"
-        rope = None if learned else (self.cos[start:start + T], self.sin[start:start + T])
-        if learned:
+        rope = None if self.wpe else (self.cos[start:start + T], self.sin[start:start + T])
+        if self.wpe:
             x = x + self.wpe.weight[start:start + T]
         for block in self.h:
             x = block(x, rope, cache)
@@ -303,10 +294,12 @@ def autocast(device):
     return torch.autocast(device.type, torch.bfloat16, enabled=bf16)
 
 
+# A run's checkpoint in its out_dir.
+CHECKPOINT = "ckpt.pt"
+
+
 def save_checkpoint(ckpt, path):
     """Writes path.tmp to the disk, then renames it to path: a crash leaves the last one whole."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -320,58 +313,49 @@ def save_checkpoint(ckpt, path):
             os.remove(tmp)
     # The rename is on the disk once the folder is (Windows cannot open a folder).
     if os.name != "nt":
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
 
 
 def load_checkpoint(path, device=None):
-    """The model in eval mode on device, its CharTokenizer (or None for another), the checkpoint."""
-    device = get_device(device)
+    """The model in eval mode on device, its CharTokenizer (or None), the checkpoint: path's, or
+    path itself, a checkpoint read already."""
     # weights_only: a downloaded checkpoint cannot run code. To the CPU: torch.load maps no cpu:0.
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = path if type(path) is dict else torch.load(path, map_location="cpu", weights_only=True)
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
     tokenizer = None if ckpt.get("chars") is None else CharTokenizer(ckpt["chars"])
-    return model.to(device).eval(), tokenizer, ckpt
+    return model.to(get_device(device)).eval(), tokenizer, ckpt
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig(GPTConfig):
     """The run's options and the model's; the defaults train for 3 to 5 minutes on 2 cores."""
-    # Folder of ckpt.pt, the checkpoint ("" writes none).
-    out_dir: str = "out"
-    # Optimizer steps in all.
-    max_iters: int = 4000
-    # Seconds to train instead of max_iters (0: off); the learning rate then decays over time.
-    max_time: float = 0.0
-    # Evaluate and save every this many steps.
-    eval_interval: int = 500
-    # Batches per split in an evaluation.
-    eval_iters: int = 50
-    # Sequences per micro-batch: at a fixed time, many small steps beat fewer big ones.
-    batch_size: int = 8
-    # Micro-batches per optimizer step.
-    grad_accum: int = 1
-    # Peak learning rate.
-    learning_rate: float = 3e-3
-    # Learning rate at the end of the cosine decay.
-    min_lr: float = 3e-4
-    warmup_iters: int = 100
-    # Weight decay, on matrices only.
-    weight_decay: float = 0.1
-    # AdamW beta2: a shorter memory than the usual 0.999 suits small batches of characters.
-    beta2: float = 0.99
-    # adamw, or muon: Muon for the blocks' matrices, AdamW for the embeddings, gains and biases.
-    optimizer: str = "muon"
-    # Muon's peak learning rate, on learning_rate's schedule.
-    muon_lr: float = 0.01
-    muon_momentum: float = 0.95
-    # Clip the gradient norm to this (0: off).
-    grad_clip: float = 1.0
-    seed: int = 1337
-    # cpu, cuda, cuda:N or mps ("": the best available).
-    device: str = ""
+    out_dir: str = option("out", help='Folder of ckpt.pt and report.html ("" writes none).')
+    max_iters: int = option(4000, 1, math.inf, help="Optimizer steps in all.")
+    max_time: float = option(0.0, 0, math.inf, help="Seconds to train instead (0: off).")
+    eval_interval: int = option(500, 1, math.inf, help="Evaluate and save every this many steps.")
+    eval_iters: int = option(50, 1, math.inf, help="Batches per split in an evaluation.")
+    batch_size: int = option(8, 1, math.inf, help="Sequences per micro-batch.")
+    grad_accum: int = option(1, 1, math.inf, help="Micro-batches per optimizer step.")
+    learning_rate: float = option(3e-3, 1e-9, 1, help="Peak learning rate (AdamW's).")
+    min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
+    warmup_iters: int = option(100, 0, math.inf, help="Steps of linear warmup.")
+    weight_decay: float = option(0.1, 0, math.inf, help="Weight decay, on matrices only.")
+    beta2: float = option(0.99, 0, 1, help="AdamW's beta2: a shorter memory suits small batches.")
+    optimizer: str = option("muon", "muon", "adamw", help="Muon and AdamW, or AdamW alone.")
+    muon_lr: float = option(0.01, 1e-9, 1, help="Muon's peak learning rate, on the same schedule.")
+    muon_momentum: float = option(0.95, 0, 1, help="Muon's momentum (at 1, nothing would move).")
+    grad_clip: float = option(1.0, 0, math.inf, help="Clip the gradient norm to this (0: off).")
+    seed: int = option(1337, 0, 2 ** 32, help="Seed of the initial weights, the batches, dropout.")
+    device: str = option("", help='cpu, cuda, cuda:N or mps ("": the best available).')
+
+    def __post_init__(self):
+        super().__post_init__()
+        # A decay that would rise (learning_rate=1e-4 alone is below the default min_lr).
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr must be at most learning_rate ({self.learning_rate})")
 
     def model_config(self, **changes):
         return GPTConfig(**({f.name: getattr(self, f.name) for f in fields(GPTConfig)} | changes))
@@ -422,13 +406,17 @@ def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
     return mean_loss
 
 
+def split(data):
+    """{"train": data's first 90%, "val": its last 10%, held out}."""
+    n = int(0.9 * len(data))
+    return {"train": data[:n], "val": data[n:]}
+
+
 class Trainer:
     """A run: the model, its optimizers, the data, where the run stands. data is a text (encoded by
     tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print):
-        # The options are checked again: tc may have been changed since it was made.
-        tc.__post_init__()
         if tc.out_dir:
             # An out_dir that cannot take a checkpoint fails here, an OSError naming it, not at the
             # first save: the folder is made and takes a file with no name (on Linux), no one's.
@@ -443,8 +431,7 @@ class Trainer:
         # A tensor, an array or a memmap stays as it is, read a batch at a time; a list becomes one.
         data = data if hasattr(data, "__array__") else torch.tensor(data)
         self.tokenizer = tokenizer
-        n = int(0.9 * len(data))
-        self.splits = {"train": data[:n], "val": data[n:]}
+        self.splits = split(data)
         # The seed sets the initial weights and, in training, dropout's masks.
         torch.manual_seed(tc.seed)
         vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
@@ -528,7 +515,7 @@ class Trainer:
                     tokenizer=getattr(self.tokenizer, "name", None), elapsed=self.elapsed,
                     history=self.history, optimizers=[o.state_dict() for o in self.optimizers],
                     rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()})
-        save_checkpoint(ckpt, os.path.join(self.tc.out_dir, "ckpt.pt"))
+        save_checkpoint(ckpt, os.path.join(self.tc.out_dir, CHECKPOINT))
 
 
 def train(tc, data, tokenizer=None, log=print):

@@ -27,31 +27,22 @@ COLOURS = {"train": "#1f77b4", "val": "#d62728", "lr": "#7f7f7f"}
 
 # ---------------------------------------------------------------------------------------------- figures
 @torch.no_grad()
-def loss_by_position(trainer):
-    """The mean val loss at each position of eval_iters batches, (block_size,): what each token
-    more of context buys."""
-    trainer.model.eval()
+def loss_by_position(model, val, tc):
+    """The mean loss of model at each position of eval_iters batches of the held-out ids val,
+    (block_size,): what each token more of context buys. The windows are spread evenly over val, so
+    that the figure is the same each time it is drawn."""
+    T = tc.block_size
+    device = next(model.parameters()).device
+    starts = torch.linspace(0, len(val) - T - 1, tc.eval_iters * tc.batch_size).long()
+    model.eval()
     # A running sum: the memory of one batch, however many there are.
-    total = torch.zeros(trainer.tc.block_size, device=trainer.device)
-    for _ in range(trainer.tc.eval_iters):
-        x, y = trainer.batch("val")
-        with trainer.amp:
-            logits, _ = trainer.model(x)
-        total += F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").mean(0)  # (T,)
-    trainer.model.train()
-    return (total / trainer.tc.eval_iters).cpu()
-
-
-def queries_keys_values(attn, x, rope=None):
-    """What a gpt.CausalSelfAttention computes from its input x (B, T, C) before its fused
-    attention: q, k and v, (B, nh, T, hs) each, q and k turned by the rotary tables rope."""
-    B, T, C = x.shape
-    q, k, v = [m(x).view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2)  # (B, nh, T, hs) each
-               for m in (attn.c_q, attn.c_k, attn.c_v)]
-    if rope is not None:
-        q = gpt.rope_forward(q, *rope)
-        k = gpt.rope_forward(k, *rope)
-    return q, k, v
+    total = torch.zeros(T, device=device)
+    for ix in starts.split(tc.batch_size):
+        xy = torch.as_tensor(val[ix[:, None] + torch.arange(T + 1)]).long().to(device)  # (B, T + 1)
+        with gpt.autocast(device):
+            logits, _ = model(xy[:, :-1])
+        total += F.cross_entropy(logits.float().transpose(1, 2), xy[:, 1:], reduction="none").sum(0)
+    return (total / len(starts)).cpu()
 
 
 @torch.no_grad()
@@ -78,22 +69,21 @@ def attention(model, idx):
     later = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
     maps = []
     for block, (x, rope) in zip(model.h, inputs):
-        q, k, _ = queries_keys_values(block.attn, x, rope)
+        q, k, _ = block.attn.heads(x, rope)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
         maps.append(scores.masked_fill(later, float("-inf")).softmax(dim=-1))
     return torch.stack(maps)
 
 
-def prompt_ids(trainer):
-    """The closing sample's prompt: a newline, where lines begin, if the text has one; else its
-    first token."""
-    tokenizer = trainer.tokenizer
+def default_prompt(tokenizer, val=None):
+    """The ids a sample starts from when no prompt is given: a newline, where lines begin, if the
+    tokenizer has one; else the first held-out token, or a character model's first character."""
     if tokenizer is not None and "\n" in getattr(tokenizer, "stoi", {"\n": None}):
         try:
             return tokenizer.encode("\n")
         except ValueError:
             pass
-    return [int(trainer.splits["val"][0])]
+    return [0 if val is None else int(val[0])]
 
 
 def decode(tokenizer, ids):
@@ -105,28 +95,26 @@ def decode(tokenizer, ids):
 
 
 @torch.no_grad()
-def closing_sample(trainer, tokens=300):
-    """300 tokens drawn at temperature 0.8 after prompt_ids, with a seeded generator."""
-    model = trainer.model.eval()
-    prompt = torch.tensor([prompt_ids(trainer)], device=trainer.device)
-    generator = torch.Generator(trainer.device).manual_seed(0)
-    with trainer.amp:
-        sample = model.generate(prompt, tokens, temperature=0.8, generator=generator)
-    model.train()
-    return decode(trainer.tokenizer, sample[0, prompt.size(1):].tolist())
+def closing_sample(model, tokenizer, val, tokens=300):
+    """300 tokens drawn at temperature 0.8 after default_prompt, with a seeded generator."""
+    device = next(model.parameters()).device
+    prompt = torch.tensor([default_prompt(tokenizer, val)], device=device)
+    generator = torch.Generator(device).manual_seed(0)
+    with gpt.autocast(device):
+        sample = model.eval().generate(prompt, tokens, temperature=0.8, generator=generator)
+    return decode(tokenizer, sample[0, prompt.size(1):].tolist())
 
 
-def attention_line(trainer):
-    """Token ids (1, T) of one line of the held-out text, T at most MAP_TOKENS: the tokens after its
-    first newline, or its first tokens."""
-    val = trainer.splits["val"]
-    T = min(MAP_TOKENS, trainer.tc.block_size)
+def attention_line(tokenizer, val, block_size, device):
+    """Token ids (1, T) of one line of the held-out ids val, T at most MAP_TOKENS: the tokens after
+    its first newline, or its first tokens."""
+    T = min(MAP_TOKENS, block_size)
     start = 0
-    newline = prompt_ids(trainer)
+    newline = default_prompt(tokenizer, val)
     head = [int(i) for i in val[:4 * T]]
     if len(newline) == 1 and newline[0] in head[:3 * T]:
         start = head.index(newline[0]) + 1
-    return torch.tensor([head[start:start + T]], device=trainer.device)
+    return torch.tensor([head[start:start + T]], device=device)
 
 
 def labels(tokenizer, ids):
@@ -299,32 +287,33 @@ def table(rows):
                                for k, v in rows) + "</table>"
 
 
-def page(trainer, by_position, sample, figures):
+def page(model, tokenizer, history, val, tc, by_position, sample, figures):
     """The report's HTML."""
-    tc = trainer.tc
-    config = trainer.model.config
-    history = trainer.history
-    n_params = sum(p.numel() for p in trainer.model.parameters())
+    config = model.config
+    # Where the run stood at its last evaluation.
+    it = history[-1]["iter"]
+    elapsed = history[-1]["seconds"]
+    n_params = sum(p.numel() for p in model.parameters())
     steps = [(h["iter"], h) for h in history]
     losses = [(split, [(it, h[split]) for it, h in steps]) for split in ("train", "val")]
     by_seconds = [(split, [(h["seconds"], h[split]) for h in history]) for split in ("train", "val")]
     per_position = [(i, float(v)) for i, v in enumerate(by_position)]
-    tokens_per_s = figures["tokens_per_step"] * trainer.it / max(trainer.elapsed, 1e-9)
-    run_rows = [("steps", f"{trainer.it:,}"), ("training time", f"{trainer.elapsed:.0f} s"),
+    tokens_per_s = figures["tokens_per_step"] * it / max(elapsed, 1e-9)
+    run_rows = [("steps", f"{it:,}"), ("training time", f"{elapsed:.0f} s"),
                 ("tokens per second", f"{tokens_per_s:,.0f} ({figures['processes']} process"
                                       f"{'es' if figures['processes'] > 1 else ''})"),
                 ("parameters", f"{n_params:,}"), ("last val loss", f"{history[-1]['val']:.4f}")]
-    if getattr(trainer.tokenizer, "chars", None) is not None:
+    if getattr(tokenizer, "chars", None) is not None:
         run_rows.append(("bits per character", f"{history[-1]['val'] / math.log(2):.3f}"))
-    line = attention_line(trainer)
-    names = labels(trainer.tokenizer, line[0].tolist())
-    maps = attention(trainer.model, line)[:, 0].float().cpu()  # (n_layer, n_head, T, T)
+    line = attention_line(tokenizer, val, tc.block_size, next(model.parameters()).device)
+    names = labels(tokenizer, line[0].tolist())
+    maps = attention(model, line)[:, 0].float().cpu()  # (n_layer, n_head, T, T)
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>GPT training report</title><style>{STYLE}</style></head><body>",
              "<h1>GPT training report</h1>",
              f"<p class=\"note\">{config.n_layer} layers, {config.n_head} heads, {config.n_embd} wide, "
              f"a context of {config.block_size} tokens ({config.norm}, {config.pos} positions, "
-             f"{config.mlp}); trained {trainer.it:,} steps in {trainer.elapsed:.0f} s. Written by "
+             f"{config.mlp}); trained {it:,} steps in {elapsed:.0f} s. Written by "
              f"train.py; python sample.py --report writes it again from the checkpoint.</p>",
              "<h2>Loss</h2><div class=\"row\">",
              chart("Loss against steps", "step", "loss (nats)", losses,
@@ -356,11 +345,10 @@ def page(trainer, by_position, sample, figures):
     return "\n".join(parts)
 
 
-def write(trainer, path, by_position, sample, figures):
-    """Writes the report to path, whole or not at all: a temporary file of this process's own name,
-    so that two writers never share one, renamed over path, and removed if anything fails. Returns
-    path."""
-    text = page(trainer, by_position, sample, figures)
+def write(path, text):
+    """Writes the page text to path, whole or not at all: a temporary file of this process's own
+    name, so that two writers never share one, renamed over path, and removed if anything fails.
+    Returns path."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -372,19 +360,20 @@ def write(trainer, path, by_position, sample, figures):
     return path
 
 
-def make(trainer, out_dir, figures, log):
-    """The closing report of a run: what context buys and a sample, each told to log, and the page,
-    out_dir/report.html (none for ""), whose path it returns. An OSError says the page was not
-    written."""
-    by_position = loss_by_position(trainer)
+def make(model, tokenizer, history, val, tc, out_dir, figures, log):
+    """The closing report of a run, from its model, its tokenizer, its evaluations (history), its
+    held-out ids (val) and its options (tc): what context buys and a sample, each told to log, and
+    the page, out_dir/report.html (none for ""), whose path it returns. An OSError says the page was
+    not written. The model is left in eval mode."""
+    by_position = loss_by_position(model, val, tc)
     log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one token of context, all "
         f"a bigram model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
-    sample = closing_sample(trainer)
+    sample = closing_sample(model, tokenizer, val)
     log("sample:\n" + sample)
     if not out_dir:
         return None
     path = os.path.join(out_dir, "report.html")
     try:
-        return write(trainer, path, by_position, sample, figures)
+        return write(path, page(model, tokenizer, history, val, tc, by_position, sample, figures))
     except OSError as e:
         raise OSError(e.errno, f"cannot write {path} ({e.strerror}): the report was not written") from None

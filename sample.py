@@ -8,7 +8,6 @@ import sys
 
 try:
     import itertools
-    import math
 
     import torch
 
@@ -40,16 +39,18 @@ def parse_args(argv=None):
                         help="samples to draw (default: %(default)s)")
     parser.add_argument("--max_new_tokens", type=AT_LEAST_1, default=500,
                         help="tokens per sample: characters, for a character model (default: %(default)s)")
-    parser.add_argument("--temperature", type=cli.number(float, lambda t: 0 <= t < math.inf, "a finite number >= 0"),
-                        default=0.8,
+    # The sampling arguments' limits are gpt.GPT.stream's, which refuses what they do not take.
+    parser.add_argument("--temperature", type=float, default=0.8,
                         help="below 1 is safer, above 1 wilder, 0 always takes the likeliest (default: %(default)s)")
-    parser.add_argument("--top_k", type=AT_LEAST_1, default=None,
+    parser.add_argument("--top_k", type=int, default=None,
                         help="sample only from the k likeliest (default: all)")
-    parser.add_argument("--top_p", type=cli.number(float, lambda p: 0 < p <= 1, "in (0, 1]"), default=None,
+    parser.add_argument("--top_p", type=float, default=None,
                         help="sample only from the likeliest whose probability reaches p (default: all)")
-    parser.add_argument("--seed", type=cli.number(int, lambda s: 0 <= s < 2 ** 32, "in [0, 2**32)"),
-                        default=1337, help="random seed (default: %(default)s)")
-    parser.add_argument("--device", default="", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    # The seed and the device take what training's do.
+    for name in ("seed", "device"):
+        rule = cli.option_rule(name)
+        parser.add_argument(f"--{name}", default=cli.FIELDS[name].default,
+                            **{**rule, "help": f"{rule['help']} (default: %(default)r)"})
     parser.add_argument("--report", action="store_true",
                         help="instead: write out_dir/report.html from the checkpoint and --data")
     parser.add_argument("--data",
@@ -58,12 +59,6 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", choices=data.ID_DTYPES,
                         help="for --report on a .bin --data: its ids' type (default: uint16)")
     return parser.parse_args(argv)
-
-
-def default_prompt(tokenizer):
-    """A newline, where lines begin, if the training text had one; else its first character."""
-    chars = getattr(tokenizer, "chars", "\n")
-    return "\n" if "\n" in chars else chars[0]
 
 
 def encode_prompt(tokenizer, start):
@@ -105,24 +100,25 @@ def print_samples(model, tokenizer, start, args, device):
 
 def write_report(model, tokenizer, ckpt, path, args, device):
     """Rebuilds the report of the run that wrote the checkpoint at path, on --data's held-out part,
-    with the checks train.py holds the data to."""
+    with the checks train.py holds the data to: its model, tokenizer, evaluations and options are
+    all it needs."""
     advice = "it can still sample, without --report"
     if args.data is None:
         raise ValueError("--report evaluates the model on the text it was trained on: give that "
                          "text, or its .bin of token ids, with --data")
     tc = checkpoint.recorded_config(ckpt, path, model.config, device, advice)
+    history = checkpoint.evaluations(ckpt, path, advice)
+    if not history:
+        raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     if not data.is_ids(data.DataFile(args.data)):
         checkpoint.needs_tokenizer(tokenizer, path, ": give --data its .bin of token ids")
     ids, tokenizer = data.read_data(data.DataFile(args.data, args.dtype), tokenizer,
                                     advice="give --data the text it was trained on")
     data.check_fits(ids, tc.vocab_size, tc.block_size)
-    trainer = gpt.Trainer(tc, ids, tokenizer, model.train(), log=lambda *a: None)
-    checkpoint.resume(trainer, ckpt, path, advice)
-    if not trainer.history:
-        raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)
     try:
-        page = report.make(trainer, args.out_dir, figures, log=lambda *a: None)
+        page = report.make(model, tokenizer, history, gpt.split(ids)["val"], tc, args.out_dir, figures,
+                           log=lambda *a: None)
     except OSError as e:
         raise ValueError(f"{e.strerror}; the checkpoint is as it was") from None
     print(f"wrote {page}: open it in a browser")
@@ -154,7 +150,7 @@ def main(argv=None):
             return write_report(model, tokenizer, ckpt, path, args, device)
         checkpoint.needs_tokenizer(tokenizer, path, ", so it cannot be decoded here: sample it from "
                                    "Python with your tokenizer (the README shows how)")
-        start = default_prompt(tokenizer) if args.start is None else args.start
+        start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else args.start
         if start.startswith("FILE:"):
             start = data.read_text(start[5:], "the prompt file", "--start FILE:path to")
         if not start:

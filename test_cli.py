@@ -1,6 +1,7 @@
 """Tests of cli.py, what the command lines share: options, numbers, errors in one line, output."""
 import argparse
 import dataclasses
+import math
 import os
 import re
 import subprocess
@@ -8,6 +9,8 @@ import sys
 
 import pytest
 
+import bench
+import checkpoint
 import cli
 import gpt
 import train
@@ -24,15 +27,82 @@ def test_train_help_lists_every_option_with_its_default(capsys):
     for name in options:
         assert "(default:" in entries[f"--{name}"], name  # each option's own help says its default
     assert help_text.count("(default:") == len(options)
-    assert "Seconds of wall time to train instead of max_iters (0: off); the learning rate then decays over time" \
-        in " ".join(help_text.split())  # a comment of two lines in gpt.py, whole
+    flat = " ".join(help_text.split())
+    for f in dataclasses.fields(gpt.TrainConfig):  # each option's help, as gpt.option() declared it, whole
+        assert f.metadata["help"].endswith(".") and f"{f.metadata['help']} (default:" in flat, f.name
 
 
-@pytest.mark.parametrize("name", [name for name in cli.LIMITS])
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(gpt.TrainConfig)
+                                  if type(f.default) in (int, float)])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1e9"])
 def test_every_number_of_train_config_refuses_nan_inf_and_out_of_range_on_the_command_line(capsys, name, value):
     message = one_line_error(capsys, train, f"--{name}", value)
     assert f"argument --{name}: " in message, message
+
+
+def edges(f):
+    """Values at and around the edges of the config field f's rule, and values of other types."""
+    kind = type(f.default)
+    rule = f.metadata.get("rule", ())
+    if kind is bool:
+        return [True, False, 1, "yes"]
+    if kind is str:
+        return [*rule, "", "other", 1]
+    low, high = rule
+    if kind is int:
+        top = [high - 1, high] if high < math.inf else [10 ** 30]
+        return [f.default, low - 1, low, low + 1, *top, True, 2.5, float(low)]
+    inside = [low, math.nextafter(low, math.inf), math.nextafter(high, -math.inf)]
+    return [*inside, math.nextafter(low, -math.inf), high, math.nan, math.inf, -math.inf, int(low), True]
+
+
+def text_of(value):
+    return repr(value) if type(value) is float else str(value)
+
+
+def accepted(build):
+    try:
+        build()
+        return True
+    except (ValueError, SystemExit, argparse.ArgumentTypeError):
+        return False
+
+
+@pytest.mark.parametrize("f", dataclasses.fields(gpt.TrainConfig), ids=lambda f: f.name)
+def test_the_api_the_command_line_bench_set_and_a_resume_accept_and_refuse_the_same_values(f, capsys):
+    """Every option's edges, through gpt.TrainConfig, train.py's flags (as main builds the config), bench.py --set
+    and a checkpoint's recorded options (as a resume builds the config): one rule for each, in gpt.py."""
+    verdicts = []
+    for value in edges(f):
+        api = accepted(lambda: gpt.TrainConfig(**{f.name: value}))
+        flag = [f"--{f.name}={text_of(value)}"]
+        cli_ok = accepted(lambda: gpt.TrainConfig(**train.parse_args(["--data", "x"] + flag)[1]))
+        assert cli_ok == api or type(value) is not type(f.default) and not api, (f.name, value, api, cli_ok)
+        if f.name not in bench.NOT_SET:
+            bench_ok = accepted(lambda: gpt.TrainConfig(**dict([bench.train_option(f"{f.name}={text_of(value)}")])))
+            assert bench_ok == cli_ok, (f.name, value)
+        if f.name not in ("out_dir", "device"):
+            ckpt = {"train_config": {f.name: value}}
+            resumed = accepted(lambda: gpt.TrainConfig(**checkpoint.recorded_options(ckpt, "ckpt.pt", "")))
+            assert resumed == api, (f.name, value)
+        verdicts.append(api)
+    capsys.readouterr()
+    # Each option's edges include values it takes and values it refuses.
+    assert any(verdicts) and not all(verdicts), f.name
+
+
+def test_the_rules_that_tie_options_and_the_bounds_each_entry_point_shares():
+    for bad in (dict(muon_momentum=1.0), dict(min_lr=0.01), dict(learning_rate=1e-4), dict(seed=2 ** 70),
+                dict(learning_rate=1.0), dict(beta2=1.0), dict(n_embd=20, n_head=4)):
+        with pytest.raises(ValueError):
+            gpt.TrainConfig(**bad)
+        flags = [f"--{name}={value}" for name, value in bad.items()]
+        with pytest.raises(ValueError):  # the flags parse alone; the config that main builds refuses them together
+            gpt.TrainConfig(**train.parse_args(["--data", "x"] + flags)[1]) if accepted(
+                lambda: train.parse_args(["--data", "x"] + flags)) else gpt.TrainConfig(**bad)
+    gpt.TrainConfig(learning_rate=1e-4, min_lr=1e-4)  # a constant rate, as --init_from's
+    with pytest.raises(SystemExit):
+        bench.measure(["--optimizers", "1", "--set", "learning_rate=1e-4"])  # a rising schedule, as train.py says
 
 
 @pytest.mark.parametrize("error", [RuntimeError("std::bad_alloc"), MemoryError(),
@@ -64,14 +134,14 @@ def test_a_character_the_terminal_cannot_show_prints_as_an_escape(tmp_path):
     assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("\\xe9"), done.stderr
 
 
-def test_every_option_has_its_rule_in_one_place_and_a_field_without_help_still_gets_a_flag(capsys, monkeypatch):
-    assert set(cli.HELP) == set(cli.OPTION_TYPES) == {f.name for f in dataclasses.fields(gpt.TrainConfig)}
-    assert all(cli.HELP[name].endswith(".") for name in cli.HELP)
-    # The same rule refuses a value on the command line, in bench.py --set and in a checkpoint's records.
-    assert cli.allowed("muon_lr", 0.02) and not cli.allowed("muon_lr", 2.0) and not cli.allowed("n_layer", True)
-    with pytest.raises(argparse.ArgumentTypeError, match=r"must be in \[1e-09, 1\), got 2"):
-        cli.parse_option("muon_lr", "2")
-    monkeypatch.delitem(cli.HELP, "beta2")
+def test_a_field_a_copier_adds_gets_a_flag_and_gpt_pys_check(capsys, monkeypatch):
+    fields = {**cli.FIELDS, "beta3": gpt.option(0.5, 0, 1)}
+    for name, f in fields.items():
+        f.name = name
+    monkeypatch.setattr(cli, "FIELDS", fields)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"beta3 must be in \[0, 1\), not 2.0"):
+        cli.parse_option("beta3", "2")
+    assert cli.parse_option("beta3", "0.25") == 0.25
     with pytest.raises(SystemExit):
-        train.main(["--help"])
-    assert "--beta2 BETA2" in capsys.readouterr().out
+        train.parse_args(["--help"])
+    assert "--beta3 BETA3" in capsys.readouterr().out  # no help declared, still a flag

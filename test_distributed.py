@@ -1,4 +1,5 @@
 """Tests of train.py under torchrun: DDP in step with one process, and its faults."""
+import contextlib
 import os
 import re
 import socket
@@ -14,9 +15,11 @@ import train
 from conftest import HERE, TEXT, HANG, tiny_model, tiny_train_config, tiny_flags, quiet, run_cli
 
 
-def ddp_worker(rank, world, port, args, result_dir):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def ddp_worker(rank, world, args, result_dir):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    # A file for the processes to meet at, not a port, which another program could take meanwhile; train.py joins
+    # the group it finds.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{result_dir}/store", rank=rank, world_size=world)
     torch.set_num_threads(1)
     tc, given = args
     trainer, _ = train.run(tc, TEXT, quiet, resume=True, given=given)
@@ -27,21 +30,25 @@ def ddp_worker(rank, world, port, args, result_dir):
 def run_ddp_command_lines(args):
     """Runs train.py once per process as torchrun would, with the environment torchrun sets, each
     process with its own command line; returns each one's (exit status, stderr)."""
-    port = free_port()
-    processes = []
-    for rank, argv in enumerate(args):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(len(args)),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        processes.append(subprocess.Popen([sys.executable, "train.py", *argv], cwd=HERE, env=env, text=True,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    errors = [p.communicate(timeout=HANG)[1] for p in processes]
+    with held_port() as port:
+        processes = []
+        for rank, argv in enumerate(args):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(len(args)),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            processes.append(subprocess.Popen([sys.executable, "train.py", *argv], cwd=HERE, env=env, text=True,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        errors = [p.communicate(timeout=HANG)[1] for p in processes]
     return [(p.returncode, err) for p, err in zip(processes, errors)]
 
 
-def free_port():
+@contextlib.contextmanager
+def held_port():
+    """A free port, held until the processes are done with it: bound, not listening, with SO_REUSEADDR, which the
+    first process's TCPStore sets too, so that it can bind the port meanwhile and no other program is given it."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(tmp_path):
@@ -49,7 +56,7 @@ def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(
                            learning_rate=6e-3)
     train.run(tc, TEXT, quiet)  # a single-process checkpoint at iteration 10 ...
     given = dict(max_iters=40, eval_interval=15, grad_accum=2)  # ... resumed by two processes, to 40
-    torch.multiprocessing.spawn(ddp_worker, args=(2, free_port(), (tc, given), str(tmp_path)), nprocs=2)
+    torch.multiprocessing.spawn(ddp_worker, args=(2, (tc, given), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     # In step bit for bit: the processes share one machine and each averaged gradient, so they round alike.
     for name, p in ranks[0]["model"].items():
@@ -65,8 +72,8 @@ def test_ddp_trains_in_step_and_its_checkpoints_interchange_with_single_process(
     assert trainer.it == 42
 
 
-def test_ddp_averages_gradients_once_per_optimizer_step_with_grad_accum():
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+def test_ddp_averages_gradients_once_per_optimizer_step_with_grad_accum(tmp_path):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
                                          world_size=1)
     try:
         idx = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -117,20 +124,20 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
     ended = run_ddp_command_lines([flags, [*flags, "--learning_rate", "1e-3", "--grad_clip", "0.5"]])
     assert ended[0] == (1, "error: process 1 of 2 was given other options than process 0 (--learning_rate, "
                            "--grad_clip): give every process the same\n") and ended[1] == (1, ""), ended
-    port = free_port()
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5)
     processes = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        processes.append(subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
-                                          env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    for line in processes[0].stdout:
-        if line.startswith("iter 5/"):
-            break
-    processes[1].kill()  # a worker lost mid-training
-    processes[1].communicate(timeout=HANG)
-    _, err = processes[0].communicate(timeout=HANG)
+    with held_port() as port:
+        for rank in range(2):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            processes.append(subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
+                                              env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        for line in processes[0].stdout:
+            if line.startswith("iter 5/"):
+                break
+        processes[1].kill()  # a worker lost mid-training
+        processes[1].communicate(timeout=HANG)
+        _, err = processes[0].communicate(timeout=HANG)
     assert processes[0].returncode == 1 and err.count("\n") == 1, err
     assert re.fullmatch(r"error: process 0 of 2 lost touch with the others at iteration \d+ \(.+\): another "
                         r"process stopped; the last checkpoint in .*out is as it was\n", err), err

@@ -1,6 +1,7 @@
 """Tests of gpt.py: the model, sampling, its loop and checkpoints, and the NumPy twin's agreement with it."""
 import ast
 import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -115,7 +116,8 @@ def test_tokenizer_round_trip():
     (dict(n_embd=30, n_head=4, pos="learned"), r"n_embd \(30\) must be a multiple of 4: of n_head \(4\), twice"),
     (dict(n_embd=18, n_head=6), r"n_embd \(18\) must be a multiple of 12: of n_head \(6\), twice that with pos='rope'"),
     (dict(n_head=0), r"n_head must be in \[1, inf\), not 0"),  # not a ZeroDivisionError
-    (dict(vocab_size=0), r"vocab_size must be in \[1, inf\), not 0"),  # not an empty model
+    (dict(vocab_size=0), r"vocab_size must be in \[1, 1048577\), not 0"),  # not an empty model
+    (dict(vocab_size=2 ** 32), r"vocab_size must be in \[1, 1048577\)"),  # not an embedding of billions of rows
     (dict(n_layer=float("nan")), "n_layer must be of type int, not nan"),
     (dict(block_size=-3), r"block_size must be in \[1, inf\), not -3"),
     (dict(n_embd=0), r"n_embd must be in \[1, inf\)"),
@@ -145,10 +147,10 @@ def test_a_learning_rate_that_stays_flat_is_allowed():
 def bad_values(field):
     """Values of the wrong type or outside the range, for a field of TrainConfig (GPTConfig's included)."""
     if field.type is int:
-        low = 0 if field.name in ("warmup_iters", "seed") else 1
-        return [True, 2.0, "3", None, low - 1]
+        low = field.metadata["rule"][0]
+        return [True, 2.0, "3", None, low - 1, field.metadata["rule"][1]]
     if field.type is float:
-        return [math.nan, math.inf, -math.inf, -1.0, True, "0.1", None]
+        return [math.nan, math.inf, -math.inf, -1.0, True, "0.1", None, field.metadata["rule"][1]]
     if field.type is bool:
         return ["no", 1, 0, None]
     return [None, 3, b"x"]  # str
@@ -173,10 +175,13 @@ def test_every_option_of_the_wrong_type_or_outside_its_range_is_refused_by_name(
     (dict(eval_iters=0), r"eval_iters must be in \[1, inf\), not 0$"),  # today: a ZeroDivisionError
     (dict(max_iters=0), r"max_iters must be in \[1, inf\), not 0$"),  # today: no step, no evaluation
     (dict(warmup_iters=-1), r"warmup_iters must be in \[0, inf\), not -1$"),
-    (dict(seed=-1), r"seed must be in \[0, inf\), not -1$"),
-    (dict(learning_rate=math.nan), r"learning_rate must be in \[1e-09, inf\), not nan$"),
-    (dict(learning_rate=0.0), r"learning_rate must be in \[1e-09, inf\), not 0.0$"),  # the schedule divides by it
-    (dict(muon_lr=0), r"muon_lr must be in \[1e-09, inf\), not 0$"),
+    (dict(seed=-1), r"seed must be in \[0, 4294967296\), not -1$"),
+    (dict(seed=2 ** 70), r"seed must be in \[0, 4294967296\), not 1180591620717411303424$"),  # torch.manual_seed's
+    (dict(muon_momentum=1.0), r"muon_momentum must be in \[0, 1\), not 1.0$"),  # Muon's matrices would never move
+    (dict(learning_rate=1e-4), r"min_lr must be at most learning_rate \(0.0001\)"),  # a rising schedule
+    (dict(learning_rate=math.nan), r"learning_rate must be in \[1e-09, 1\), not nan$"),
+    (dict(learning_rate=0.0), r"learning_rate must be in \[1e-09, 1\), not 0.0$"),  # the schedule divides by it
+    (dict(muon_lr=0), r"muon_lr must be in \[1e-09, 1\), not 0$"),
     (dict(max_time=math.inf), r"max_time must be in \[0, inf\), not inf$"),  # a loop that never ends
     (dict(grad_clip=-1.0), r"grad_clip must be in \[0, inf\), not -1.0$"),  # today: a step against the gradient
     (dict(dropout=1.0), r"dropout must be in \[0, 1\), not 1.0$"),
@@ -189,16 +194,45 @@ def test_a_value_that_would_quietly_mean_something_else_is_one_clear_error(chang
 
 
 def test_the_checks_take_every_value_that_makes_sense():
-    tc = gpt.TrainConfig(learning_rate=1, min_lr=0, max_time=90, dropout=0.1, warmup_iters=0, seed=0, grad_clip=0,
-                         weight_decay=0, out_dir="", device="cpu", bias=True, tie_weights=False)
-    assert tc.learning_rate == 1 and tc.model_config().bias is True
+    tc = gpt.TrainConfig(learning_rate=0.5, max_time=90, dropout=0.1, warmup_iters=0, seed=0, grad_clip=0,
+                         weight_decay=0, out_dir="", device="cpu", bias=True, tie_weights=False, min_lr=0.5)
+    assert tc.learning_rate == 0.5 and tc.model_config().bias is True
 
 
-def test_a_trainer_checks_a_config_changed_after_it_was_made(tmp_path):
+def test_a_config_cannot_change_after_it_was_checked(tmp_path):
     tc = tiny_train_config(tmp_path, out_dir="")
-    tc.grad_accum = 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tc.grad_accum = 0
     with pytest.raises(ValueError, match=r"^grad_accum must be in \[1, inf\), not 0$"):
-        gpt.Trainer(tc, TEXT, log=quiet)
+        dataclasses.replace(tc, grad_accum=0)
+
+
+COPIED = """from __future__ import annotations
+{source}
+
+@dataclass(frozen=True)
+class MyConfig(TrainConfig):
+    note: str | None = None
+    tags: list[str] = field(default_factory=list)
+    scale: float = option(1.0, 0, 2, help="A copier's own number.")
+"""
+
+
+def test_the_check_works_for_a_copiers_fields_with_any_annotation_under_future_annotations(tmp_path, monkeypatch):
+    source = open(os.path.join(HERE, "gpt.py"), encoding="utf-8").read()
+    (tmp_path / "copied.py").write_text(COPIED.format(source=source), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("copied", tmp_path / "copied.py")
+    copied = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "copied", copied)  # as an import puts it, where dataclasses reads its names
+    spec.loader.exec_module(copied)
+    assert all(type(f.type) is str for f in dataclasses.fields(copied.GPTConfig))  # annotations left as text
+    config = copied.MyConfig(note="mine", tags=["a"], scale=1.5, n_layer=2)
+    assert config.note == "mine" and config.model_config().n_layer == 2
+    for bad, message in [(dict(scale=2.0), r"scale must be in \[0, 2\)"),
+                         (dict(n_layer=True), "n_layer must be of type int"),
+                         (dict(norm="x"), "norm must be one of rmsnorm, layernorm"), (dict(min_lr=0.1), "min_lr")]:
+        with pytest.raises(ValueError, match=message):
+            copied.MyConfig(**bad)
 
 
 def test_gpt2_small_has_the_published_parameter_count():
@@ -300,7 +334,7 @@ def test_rotary_turns_the_query_and_the_key_each_after_its_own_map():
     weights = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(torch.ones(6, 6).triu(1).bool(), -math.inf)
     y = (weights.softmax(-1) @ split(attn.c_v(x))).transpose(1, 2).reshape(1, 6, 16)
     torch.testing.assert_close(attn(x, rope), attn.c_proj(y), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(torch.stack(report.queries_keys_values(attn, x, rope)[:2]), torch.stack([q, k]))
+    torch.testing.assert_close(torch.stack(attn.heads(x, rope)[:2]), torch.stack([q, k]))
 
 
 # -------------------------------------------------------------------------------------------- sampling and the KV cache
@@ -403,7 +437,7 @@ def test_training_writes_a_checkpoint_that_loads_with_identical_logits(tmp_path)
     fresh.load_state_dict(ckpt["model"])
     idx = torch.tensor([tok.encode("To be, or not")])
     assert torch.equal(model(idx)[0], fresh.eval()(idx)[0])
-    assert os.listdir(tmp_path / "out") == ["ckpt.pt"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "train.lock"]  # and no temporary file
 
 
 def test_load_checkpoint_takes_a_device_by_name_or_as_a_torch_device(tmp_path):
@@ -460,7 +494,7 @@ def test_a_read_only_out_dir_fails_before_the_first_step(tmp_path):
 def test_a_trainer_makes_its_out_dir_and_leaves_nothing_else_there_and_no_out_dir_means_no_folder(
         tmp_path, monkeypatch):
     gpt.Trainer(tiny_train_config(tmp_path, out_dir=str(tmp_path / "new" / "run")), TEXT, log=quiet)
-    assert os.listdir(tmp_path / "new" / "run") == []
+    assert os.listdir(tmp_path / "new" / "run") == ["train.lock"]  # the run's lock, as train.py's runs take it
     monkeypatch.chdir(tmp_path)
     tc = tiny_train_config(tmp_path, out_dir="", max_iters=4, eval_iters=1, batch_size=2, warmup_iters=1)
     trainer = gpt.Trainer(tc, TEXT, log=quiet)
@@ -484,10 +518,10 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_and_no_temporary_fil
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
 
-def test_save_checkpoint_makes_a_missing_folder(tmp_path):
-    path = tmp_path / "not" / "yet" / "ckpt.pt"
-    gpt.save_checkpoint({"a": torch.ones(2)}, str(path))
-    assert torch.equal(torch.load(path, weights_only=True)["a"], torch.ones(2))
+def test_the_trainer_makes_a_missing_folder_and_its_saves_land_there(tmp_path):
+    trainer = gpt.Trainer(tiny_train_config(tmp_path, out_dir=str(tmp_path / "not" / "yet")), TEXT, log=quiet)
+    trainer.save()  # out_dir's check is the trainer's, once: save_checkpoint writes where it is told
+    assert torch.load(tmp_path / "not" / "yet" / "ckpt.pt", weights_only=True)["iter"] == 0
 
 
 def test_save_checkpoint_puts_the_file_on_the_disk_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
@@ -825,3 +859,19 @@ def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
         moved = p.detach().numpy() - before[n]
         scale = largest if zero_gradient(n, model.config) else None  # AdamW's steps on rounding noise
         assert gpt_numpy.rel_error(twin.params[n] - before[n], moved, scale) < 1e-8, n
+
+
+def test_the_python_api_never_writes_over_another_run(tmp_path):
+    tc = tiny_train_config(tmp_path, max_iters=4, eval_interval=4)
+    gpt.train(tc, TEXT, log=quiet)  # a run that ended: its checkpoint stays
+    before = (tmp_path / "out" / "ckpt.pt").read_bytes()
+    with pytest.raises(ValueError, match=r"out/ckpt.pt holds a checkpoint this run did not write"):
+        gpt.train(tc, TEXT, log=quiet)
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
+    # A run training in another folder holds its lock (train.py's runs take the same one): refused until it ends.
+    other = replace(tc, out_dir=str(tmp_path / "other"))
+    held = gpt.lock_out_dir(other.out_dir)
+    with pytest.raises(ValueError, match="other is in use by another training run"):
+        gpt.Trainer(other, TEXT, log=quiet)
+    held.close()
+    gpt.Trainer(other, TEXT, log=quiet)

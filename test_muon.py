@@ -1,5 +1,4 @@
 """Tests of muon.py: BatchedMuon against torch.optim.Muon."""
-import inspect
 from dataclasses import replace
 
 import pytest
@@ -99,9 +98,3 @@ def test_one_step_of_gpt_pys_optimizers_on_the_default_model_is_what_batched_muo
         step = torch.linalg.norm(p - moved[id(p)])
         # Both run the products in bfloat16; a batched product may round otherwise than a lone one.
         assert torch.linalg.norm(p - q) < 0.02 * step, p.shape
-
-
-def test_muon_batched_takes_the_optimizers_alone_and_nothing_stacks_maps_any_more():
-    assert list(inspect.signature(muon.batched).parameters) == ["optimizers"]
-    assert not hasattr(muon, "pieces")
-    assert "pieces" not in inspect.signature(muon.BatchedMuon).parameters

@@ -1,6 +1,8 @@
 """Tests of report.py: the page train.py and sample.py write."""
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 import report
 import sample
 import train
-from conftest import SWITCHES, TEXT, tiny_model, tiny_flags, run_cli, one_line_error, hand_made
+from conftest import HANG, HERE, SWITCHES, TEXT, tiny_model, tiny_flags, run_cli, one_line_error, hand_made
 
 
 def report_page(out_dir):
@@ -57,9 +59,18 @@ def test_the_attention_weights_times_v_are_what_the_fused_attention_returns(name
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, 10))  # each row a distribution
     assert torch.all(maps.triu(1) == 0)  # none on later positions
     for layer, block in enumerate(model.h):
-        _, _, v = report.queries_keys_values(block.attn, *inputs[layer])
+        _, _, v = block.attn.heads(*inputs[layer])
         weighted = (maps[layer] @ v).transpose(1, 2).reshape(2, 10, 16)  # (B, T, C)
         torch.testing.assert_close(weighted, fused[layer], rtol=1e-5, atol=1e-6)
+
+
+def test_the_report_of_a_checkpoint_without_its_optimizers_states_is_drawn_from_its_model_and_evaluations(
+        tmp_path, capsys, trained_dir):
+    hand_made(trained_dir, tmp_path / "out", lambda ckpt: [ckpt.pop(key) for key in ("optimizers", "rng", "elapsed")])
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt")])
+    assert "wrote" in capsys.readouterr().out
+    assert report_page(tmp_path / "out").count('<svg class="attention"') == 2
 
 
 def test_the_report_of_a_checkpoint_without_its_options_takes_the_models(tmp_path, capsys, trained_dir):
@@ -83,11 +94,18 @@ def test_a_report_that_cannot_be_written_says_the_checkpoint_is_saved_and_leaves
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "report.html", "train.lock"]
 
 
-def test_concurrent_report_writers_never_share_a_temporary_file(tmp_path, monkeypatch):
-    opened = []
-    real_open = open
-    monkeypatch.setattr(report, "page", lambda *args: "<html></html>")
-    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
-    monkeypatch.setattr(os, "getpid", lambda: 4242)
-    report.write(None, str(tmp_path / "report.html"), None, None, None)
-    assert opened == [str(tmp_path / "report.html.4242.tmp")] and os.listdir(tmp_path) == ["report.html"]
+WRITER = """
+import sys
+sys.path.insert(0, {here!r})
+import report
+for _ in range(200):
+    report.write({path!r}, "<html>" + {char!r} * 200_000 + "</html>")
+"""
+
+
+def test_concurrent_report_writers_leave_one_whole_page_and_no_temporary_file(tmp_path):
+    path = str(tmp_path / "report.html")
+    texts = ["<html>" + c * 200_000 + "</html>" for c in "ab"]  # large enough that a write takes a while
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, char=c)]) for c in "ab"]
+    assert [w.wait(timeout=HANG) for w in writers] == [0, 0]
+    assert Path(path).read_text(encoding="utf-8") in texts and os.listdir(tmp_path) == ["report.html"]

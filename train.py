@@ -3,15 +3,12 @@ Data-parallel over GPUs or CPU processes: torchrun --standalone --nproc_per_node
 
 The command line that drives gpt.py's loop, gpt.Trainer.steps(), top to bottom: the options, the
 config resolved once (a new run, a resume or GPT-2's weights), the data, the trainer, the steps with
-what a long run needs (progress, the NaN stop, saving on the signals schedulers send), the report.
-checkpoint.py, data.py, distributed.py and cli.py hold the rest.
-"""
+what a long run needs (progress, the NaN stop, saving on a signal), the report."""
 import sys
 
 try:
     import contextlib
     import dataclasses
-    import os
     import signal
     import threading
     import time
@@ -31,9 +28,8 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 # A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not
-# given.
-# The optimizer stays AdamW there: Muon won at equal time on 2 CPU cores (docs/benchmarks.md), and
-# has not been measured on a GPU.
+# given. The optimizer stays AdamW there: Muon won at equal time on 2 CPU cores (docs/benchmarks.md),
+# and has not been measured on a GPU.
 CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                      dropout=0.1, learning_rate=1e-3, min_lr=1e-4, eval_iters=100, optimizer="adamw")
 # Finetuning GPT-2 (--init_from) takes small, constant steps: a learning rate for training from
@@ -74,10 +70,9 @@ def parse_args(argv=None):
     parser.add_argument("--compile", default=False, **cli.FLAG,
                         help="torch.compile the model: faster steps after compiling for a while "
                              "(default: %(default)s)")
-    defaults = gpt.TrainConfig()
-    for name in cli.OPTION_TYPES:
+    for name in cli.FIELDS:
         rule = cli.option_rule(name)
-        shown = repr(getattr(defaults, name))
+        shown = repr(cli.FIELDS[name].default)
         if name in CUDA_DEFAULTS:
             shown += f", on CUDA {CUDA_DEFAULTS[name]!r}"
         if name == "optimizer":
@@ -98,29 +93,22 @@ def parse_args(argv=None):
     return args, given
 
 
-def check_schedule(tc):
-    """A decay that would rise is refused: --learning_rate 1e-4 alone is below the default min_lr."""
-    if tc.min_lr > tc.learning_rate:
-        raise ValueError(f"min_lr ({tc.min_lr}) is above learning_rate ({tc.learning_rate}): lower "
-                         f"min_lr too")
-
-
 # ---------------------------------------------------------------------------------------------- set-up
-def set_up(tc, data_file, given, resume, init_from, rank, log):
-    """The Trainer this process trains with: new, resumed from out_dir/ckpt.pt, or from GPT-2's
-    weights. The config is resolved here, once, with the vocabulary; everything that can be checked
-    is checked before the first step."""
+def set_up(tc, device, data_file, given, resume, init_from, rank, log):
+    """The Trainer this process trains with: new, resumed, or from GPT-2's weights. The config is
+    resolved here, once: the options of tc, those the checkpoint or GPT-2's model implies, the
+    vocabulary, the device and the process's own, all checked before the first step."""
     path = checkpoint.path_in(tc.out_dir)
     model = None
     tokenizer = None
+    implied = {}
     if resume:
-        model, tokenizer, ckpt = checkpoint.load(path, tc.device)
-        tc = checkpoint.resumed_config(tc, ckpt, path, given, log)
+        model, tokenizer, ckpt = checkpoint.load(path, device)
+        implied = checkpoint.resumed_options(tc, ckpt, path, given, log)
     elif init_from:
-        model = gpt2.load(init_from, tc.device)
-        tc = checkpoint.keep_model_options(tc, model.config, given, "--init_from", log)
+        model = gpt2.load(init_from, device)
+        implied = checkpoint.model_options(tc.block_size, model.config, given, "--init_from", log)
         tokenizer = gpt2.Tokenizer(gpt2.folder_of(init_from))
-    check_schedule(tc)
     # The run keeps its checkpoint's tokenizer, whatever its data: a text needs one that is here.
     if resume and not data.is_ids(data_file):
         checkpoint.needs_tokenizer(tokenizer, path, ": resume it on the same ids, --data FILE.bin")
@@ -136,9 +124,9 @@ def set_up(tc, data_file, given, resume, init_from, rank, log):
                 f"tokenizer's ({vocab_size} tokens)")
     else:
         vocab_size = given.get("vocab_size") or data.implied_vocab_size(ids)
-    tc = dataclasses.replace(tc, vocab_size=vocab_size)
+    options = {**dataclasses.asdict(tc), **implied, "vocab_size": vocab_size, "device": device}
+    tc = gpt.TrainConfig(**{**options, **distributed.process_options(options, rank)})
     data.check_fits(ids, tc.vocab_size, tc.block_size)
-    tc = distributed.process_config(tc, rank)
     trainer = gpt.Trainer(tc, ids, tokenizer, model and model.train(), log)
     # Muon's products batched by the matrices' shapes: the same update, a faster step.
     trainer.optimizers = muon.batched(trainer.optimizers)
@@ -146,9 +134,6 @@ def set_up(tc, data_file, given, resume, init_from, rank, log):
         checkpoint.resume(trainer, ckpt, path)
         distributed.reseed(trainer, rank)
         log(f"resuming {path} at iteration {trainer.it}")
-    elif tc.out_dir and os.path.isfile(path):
-        raise ValueError(f"{path} holds an earlier run, which this one would overwrite: continue it "
-                         f"with --resume, or start anew in another --out_dir (or remove it)")
     return trainer
 
 
@@ -225,38 +210,35 @@ class Progress:
 
 # ---------------------------------------------------------------------------------------------- the run
 def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False, given=(),
-        init_from=None):
-    """Trains as tc says, around gpt.Trainer.steps(); under torchrun, data-parallel. data_file: a
-    data.DataFile to read, a text, or token ids. Returns the trainer and the signal that stopped it,
-    or None when it ran to the end. given: the options the user set, for --resume and --init_from."""
-    rank, local_rank, world = distributed.ranks()
+        init_from=None, ranks=None):
+    """Trains as tc says, data-parallel under torchrun, on data_file (a data.DataFile, a text, or ids);
+    returns the trainer and the signal that stopped it, or None. given: the options the user set, for
+    --resume and --init_from; ranks: distributed.ranks(), when the caller has them."""
+    rank, local_rank, world = ranks or distributed.ranks()
     with distributed.process_group(world, local_rank, tc.device) as device_name:
-        tc = dataclasses.replace(tc, device=device_name)
         say = log if rank == 0 else lambda *args: None
         lock = None
         trainer = None
         error = None
         try:
             if (tc.out_dir or resume) and rank == 0:
-                checkpoint.check_out_dir(tc.out_dir)
+                checkpoint.check_out_dir(tc.out_dir, resume)
                 lock = checkpoint.own_out_dir(tc.out_dir)
-            trainer = set_up(tc, data_file, dict(given), resume, init_from, rank, say)
+            trainer = set_up(tc, device_name, data_file, dict(given), resume, init_from, rank, say)
         # Every process's error, a bug's too, goes to the agreement, so that none waits for another.
         except Exception as e:
             error = e
         try:
             distributed.agree_on_setup(error, trainer, rank, world)
-            return drive(trainer, say, log_interval, compile, rank, world)
+            return trainer, drive(trainer, say, log_interval, compile, rank, world)
+        # However the run ends, its out_dir is free for the next.
         finally:
             if lock is not None:
                 lock.close()
 
 
-def drive(trainer, log, log_interval, compile, rank, world):
-    """Runs trainer.steps() with what a long run needs around them: DDP and torch.compile, progress
-    lines, the NaN stop, saving on a signal, and the closing report."""
-    tc = trainer.tc
-    path = checkpoint.path_in(tc.out_dir)
+def prepare(trainer, log, compile, world):
+    """What the steps run on: TF32 on CUDA, torch.compile, DDP; and the run's first line."""
     if trainer.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -267,6 +249,13 @@ def drive(trainer, log, log_interval, compile, rank, world):
     processes = f", {world} processes" if world > 1 else ""
     log(f"{n_params / 1e6:.2f}M parameters on {trainer.device}{processes}; "
         f"{len(trainer.splits['train']):,} tokens to train on, {len(trainer.splits['val']):,} held out")
+
+
+def drive(trainer, log, log_interval, compile, rank, world):
+    """Runs trainer.steps() with what a long run needs: progress lines, the NaN stop, saving on a
+    signal, the closing report. Returns the signal that stopped the run, or None."""
+    tc = trainer.tc
+    prepare(trainer, log, compile, world)
     tokens_per_step = tc.batch_size * tc.block_size * tc.grad_accum * world
     progress = Progress(trainer, tokens_per_step)
     ended = trainer.done() and not checkpoint.evaluation_pending(trainer)
@@ -278,7 +267,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
     # An evaluation, whose model is in eval mode, and the report end at once on a signal.
     with signals_caught(lambda: closing or not trainer.model.training) as caught:
         try:
-            # A new run saves its first weights before its first step.
+            # A new run saves its first weights; a resumed one runs the evaluation a stop cut short.
             if trainer.it == 0:
                 trainer.save()
             elif checkpoint.evaluation_pending(trainer):
@@ -288,69 +277,84 @@ def drive(trainer, log, log_interval, compile, rank, world):
                 trainer.save()
             for _ in trainer.steps():
                 progress.step()
-                it = trainer.it
                 last = trainer.done()
-                check = it % log_interval == 0 or it % tc.eval_interval == 0 or last
+                logged = trainer.it % log_interval == 0 or last
+                check = logged or trainer.it % tc.eval_interval == 0
                 stop, diverged = distributed.agree(trainer, max(caught, default=0), world,
                                                    check or world > 1)
                 if diverged:
                     raise distributed.Failed(diverged_message(trainer), shown=rank == 0)
-                if it % log_interval == 0 or last or stop:
+                if logged or stop:
                     log(progress.line(trainer.loss.item()))
                 if stop:
                     trainer.save()
                     break
                 before_evaluation = trainer.generator.get_state()
         except Stopped as e:
-            if len(caught) > 1:
-                log(f"{e}, a second signal: stopped at once; the last checkpoint is as it was")
-                return trainer, e.signum
-            trainer.generator.set_state(before_evaluation)
-            trainer.save()
-            log(f"{e}: the evaluation was cut short; saved iteration {trainer.it} to {path}; continue "
-                f"with --resume, which runs it first")
-            return trainer, e.signum
-        # A failed save (a full disk above all): the OS's message names neither file nor what is left.
-        except OSError as e:
-            raise OSError(e.errno, f"cannot write {path} ({e.strerror}); any file there is as it "
-                                   f"was") from None
-        # Under torchrun, a collective that fails: another process stopped (killed, out of memory).
-        except RuntimeError as e:
-            lost = distributed.lost_peer(e, trainer, rank, world)
-            if lost is None:
-                raise
-            raise lost from None
+            return cut_short(trainer, e, len(caught) > 1, before_evaluation, log)
+        except (OSError, RuntimeError) as e:
+            raise failure(e, trainer, rank, world) from None
         # A signal during the last evaluation and save, after the last step: the save is done.
         stop = stop or max(caught, default=0)
         closing = True
-        if rank:
-            return trainer, stop or None
-        if ended:
-            log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or "
-                f"--max_time to go on")
-            return trainer, None
-        saved = f"saved iteration {trainer.it} to {path}" if tc.out_dir else "trained; no --out_dir"
-        # A stop is bounded: the report, which evaluates and samples, is left for later.
-        if stop:
-            go_on = "; continue with --resume" if tc.out_dir else ""
-            log(f"{signal.Signals(stop).name}: {saved}{go_on}; no report: python sample.py --report "
-                f"--data DATA writes it")
-            return trainer, stop
-        log(f"{saved} ({trainer.elapsed:.0f} s of training)")
-        # The report shows the evaluations: a run stopped before its first has none to show.
-        if not trainer.history:
-            return trainer, None
-        try:
-            figures = dict(tokens_per_step=tokens_per_step, processes=world)
-            page = report.make(trainer, tc.out_dir, figures, log)
-        except Stopped as e:
-            log(f"{e}: the report was cut short; iteration {trainer.it} is saved in {path}")
-            return trainer, e.signum
-        except OSError as e:
-            raise OSError(e.errno, f"{e.strerror}; iteration {trainer.it} is saved in {path}") from None
-        if page:
-            log(f"report: {page}")
-    return trainer, None
+        if rank == 0:
+            return close(trainer, ended, stop, tokens_per_step, world, log)
+        return stop or None
+
+
+def cut_short(trainer, stopped, twice, before_evaluation, log):
+    """A second signal leaves the last checkpoint as it was; one during an evaluation saves the run
+    as it stood before it. Returns the signal."""
+    if twice:
+        log(f"{stopped}, a second signal: stopped at once; the last checkpoint is as it was")
+        return stopped.signum
+    trainer.generator.set_state(before_evaluation)
+    trainer.save()
+    log(f"{stopped}: the evaluation was cut short; saved iteration {trainer.it} to "
+        f"{checkpoint.path_in(trainer.tc.out_dir)}; continue with --resume, which runs it first")
+    return stopped.signum
+
+
+def failure(error, trainer, rank, world):
+    """An OSError while training, a failed save (a full disk above all), in one line that names the
+    file; or, under torchrun, a collective's RuntimeError as another process stopped. Else error."""
+    if isinstance(error, OSError):
+        return OSError(error.errno, f"cannot write {checkpoint.path_in(trainer.tc.out_dir)} "
+                                    f"({error.strerror}); any file there is as it was")
+    return distributed.lost_peer(error, trainer, rank, world) or error
+
+
+def close(trainer, ended, stop, tokens_per_step, world, log):
+    """The end of a run in its first process: what was saved, and the report of a run not stopped."""
+    tc = trainer.tc
+    path = checkpoint.path_in(tc.out_dir)
+    if ended:
+        log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or "
+            f"--max_time to go on")
+        return None
+    saved = f"saved iteration {trainer.it} to {path}" if tc.out_dir else "trained; no --out_dir"
+    # A stop is bounded: the report, which evaluates and samples, is left for later.
+    if stop:
+        go_on = "; continue with --resume" if tc.out_dir else ""
+        log(f"{signal.Signals(stop).name}: {saved}{go_on}; no report: python sample.py --report "
+            f"--data DATA writes it")
+        return stop
+    log(f"{saved} ({trainer.elapsed:.0f} s of training)")
+    # The report shows the evaluations: a run stopped before its first has none to show.
+    if not trainer.history:
+        return None
+    try:
+        figures = dict(tokens_per_step=tokens_per_step, processes=world)
+        page = report.make(trainer.model, trainer.tokenizer, trainer.history,
+                           trainer.splits["val"], tc, tc.out_dir, figures, log)
+    except Stopped as e:
+        log(f"{e}: the report was cut short; iteration {trainer.it} is saved in {path}")
+        return e.signum
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror}; iteration {trainer.it} is saved in {path}") from None
+    if page:
+        log(f"report: {page}")
+    return None
 
 
 def diverged_message(trainer):
@@ -373,7 +377,8 @@ def main(argv=None):
     world = 1
     joining = False
     try:
-        rank, _, world = distributed.ranks()
+        ranks = distributed.ranks()
+        rank, _, world = ranks
         device_type = cli.usable_device(given.get("device", "")).type
         defaults = CUDA_DEFAULTS if device_type == "cuda" else {}
         if args.init_from:
@@ -382,7 +387,7 @@ def main(argv=None):
         data_file = data.DataFile(args.data, args.dtype)
         joining = True
         _, stopped = run(tc, data_file, cli.printer, args.resume, args.log_interval, args.compile,
-                         given, args.init_from)
+                         given, args.init_from, ranks)
         code = 128 + stopped if stopped else 0
     # Before the training loop: nothing to save.
     except KeyboardInterrupt:
