@@ -387,18 +387,14 @@ def evaluation_pending(trainer):
 
 
 # ---------------------------------------------------------------------------------------------- out_dir
-def check_out_dir(out_dir, resume):
+def check_out_dir(out_dir):
     """An --out_dir that cannot be written fails now, by its real cause, not at the first save
-    after minutes of training; so do a checkpoint and its temporary file that are not files, and
-    a new run's, where a checkpoint would be overwritten. "" (with --resume) is refused: a resumed
-    run goes on in its own folder."""
+    after minutes of training; so do a checkpoint and its temporary file that are not files. None
+    ("", which only --resume passes) is refused: a resumed run goes on in its own folder."""
     if not out_dir:
         raise ValueError('--resume goes on in the folder of the run, and --out_dir "" names none: '
                          'give the --out_dir it was trained with')
     path = path_in(out_dir)
-    if not resume and os.path.isfile(path):
-        raise ValueError(f"{path} holds an earlier run, which this one would overwrite: continue it "
-                         f"with --resume, or start anew in another --out_dir (or remove it)")
     try:
         os.makedirs(out_dir, exist_ok=True)
         for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):
@@ -413,6 +409,13 @@ def check_out_dir(out_dir, resume):
         # the folder should be.
         reason = not_a_folder(out_dir) if isinstance(e, FileExistsError) else e.strerror
         raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
+
+
+def check_new(path):
+    """A new run would overwrite the checkpoint of an earlier one at path: refused."""
+    if os.path.isfile(path):
+        raise ValueError(f"{path} holds an earlier run, which this one would overwrite: continue it "
+                         f"with --resume, or start anew in another --out_dir (or remove it)")
 
 
 def not_a_folder(path):

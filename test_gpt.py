@@ -437,7 +437,7 @@ def test_training_writes_a_checkpoint_that_loads_with_identical_logits(tmp_path)
     fresh.load_state_dict(ckpt["model"])
     idx = torch.tensor([tok.encode("To be, or not")])
     assert torch.equal(model(idx)[0], fresh.eval()(idx)[0])
-    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "train.lock"]  # and no temporary file
+    assert os.listdir(tmp_path / "out") == ["ckpt.pt"]  # and no temporary file
 
 
 def test_load_checkpoint_takes_a_device_by_name_or_as_a_torch_device(tmp_path):
@@ -494,7 +494,7 @@ def test_a_read_only_out_dir_fails_before_the_first_step(tmp_path):
 def test_a_trainer_makes_its_out_dir_and_leaves_nothing_else_there_and_no_out_dir_means_no_folder(
         tmp_path, monkeypatch):
     gpt.Trainer(tiny_train_config(tmp_path, out_dir=str(tmp_path / "new" / "run")), TEXT, log=quiet)
-    assert os.listdir(tmp_path / "new" / "run") == ["train.lock"]  # the run's lock, as train.py's runs take it
+    assert os.listdir(tmp_path / "new" / "run") == []
     monkeypatch.chdir(tmp_path)
     tc = tiny_train_config(tmp_path, out_dir="", max_iters=4, eval_iters=1, batch_size=2, warmup_iters=1)
     trainer = gpt.Trainer(tc, TEXT, log=quiet)
@@ -859,19 +859,3 @@ def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
         moved = p.detach().numpy() - before[n]
         scale = largest if zero_gradient(n, model.config) else None  # AdamW's steps on rounding noise
         assert gpt_numpy.rel_error(twin.params[n] - before[n], moved, scale) < 1e-8, n
-
-
-def test_the_python_api_never_writes_over_another_run(tmp_path):
-    tc = tiny_train_config(tmp_path, max_iters=4, eval_interval=4)
-    gpt.train(tc, TEXT, log=quiet)  # a run that ended: its checkpoint stays
-    before = (tmp_path / "out" / "ckpt.pt").read_bytes()
-    with pytest.raises(ValueError, match=r"out/ckpt.pt holds a checkpoint this run did not write"):
-        gpt.train(tc, TEXT, log=quiet)
-    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
-    # A run training in another folder holds its lock (train.py's runs take the same one): refused until it ends.
-    other = replace(tc, out_dir=str(tmp_path / "other"))
-    held = gpt.lock_out_dir(other.out_dir)
-    with pytest.raises(ValueError, match="other is in use by another training run"):
-        gpt.Trainer(other, TEXT, log=quiet)
-    held.close()
-    gpt.Trainer(other, TEXT, log=quiet)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import gpt
 import muon
 import report
@@ -259,11 +260,11 @@ def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
 def test_one_run_at_a_time_trains_in_an_out_dir(tmp_path):
     flags = tiny_flags(tmp_path, max_iters=4)
     os.makedirs(tmp_path / "out")
-    held = gpt.lock_out_dir(str(tmp_path / "out"))  # a run training there, in this process
+    held = checkpoint.own_out_dir(str(tmp_path / "out"))  # a run training there, in this process
     try:
         done = run_cli("train.py", *flags)
         assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-        assert re.search(r"out is in use by another training run: wait for it", done.stderr), done.stderr
+        assert re.search(rf"out is in use by a training run \(process {os.getpid()} on .+\): wait for it", done.stderr)
         assert not (tmp_path / "out" / "ckpt.pt").exists()
     finally:
         held.close()
@@ -315,7 +316,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
     (["--resume", "--data", "NEW_CHARS"], "has characters the checkpoint never saw ('#'): use the text it was trained"),
     (["--init_from", "FOLDER"], "holds no GPT-2 this can load (ValueError: cannot read GPT-2's config"),
-    ([], "holds a checkpoint this run did not write: continue it with train.py --resume, or use another out_dir"),
+    ([], "holds an earlier run, which this one would overwrite: continue it with --resume, or start anew"),
 ])
 def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys, trained_dir, flags, match):
     if "/sys/nope" in flags and not os.path.isdir("/sys/kernel"):
@@ -478,8 +479,7 @@ def test_a_model_too_large_for_any_memory_is_one_line(tmp_path, capsys):
 def test_a_folder_where_the_run_writes_a_file_is_refused_before_training(tmp_path, capsys, name):
     (tmp_path / "out" / name).mkdir(parents=True)
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
-    named = f"Is a directory: '{tmp_path / 'out' / name}'" if name == "train.lock" else "ckpt.pt (Is a directory)"
-    assert named in message, message  # before a step is taken: train.py saves a new run's first weights at once
+    assert f"({tmp_path / 'out' / name} is a folder): remove it, or pass --out_dir a writable folder" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists() and "iter 1" not in capsys.readouterr().out
 
 

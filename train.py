@@ -11,7 +11,6 @@ try:
     import dataclasses
     import signal
     import threading
-    import time
 
     import torch
 
@@ -134,6 +133,8 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
         checkpoint.resume(trainer, ckpt, path)
         distributed.reseed(trainer, rank)
         log(f"resuming {path} at iteration {trainer.it}")
+    elif tc.out_dir:
+        checkpoint.check_new(path)
     return trainer
 
 
@@ -168,46 +169,6 @@ def signals_caught(urgent=lambda: False):
             signal.signal(s, handler)
 
 
-class Progress:
-    """The progress line: loss, learning rate, the steps' own time (the evaluations between them
-    left out), and the ETA."""
-
-    def __init__(self, trainer, tokens_per_step):
-        self.trainer = trainer
-        self.tokens_per_step = tokens_per_step
-        self.t_step = time.time()
-        self.t_line = self.t_step
-        self.it_line = trainer.it
-        self.timed = 0.0
-        self.timed_steps = 0
-
-    def step(self):
-        """Called after each step: it counts unless an evaluation ran since the step before."""
-        now = time.time()
-        if (self.trainer.it - 1) % self.trainer.tc.eval_interval:
-            self.timed += now - self.t_step
-            self.timed_steps += 1
-        self.t_step = now
-
-    def line(self, loss):
-        trainer = self.trainer
-        tc = trainer.tc
-        it = trainer.it
-        if self.timed_steps:
-            dt = self.timed / self.timed_steps
-        else:
-            dt = (self.t_step - self.t_line) / max(1, it - self.it_line)
-        dt = max(dt, 1e-9)
-        left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
-        self.t_line = self.t_step
-        self.it_line = it
-        self.timed = 0.0
-        self.timed_steps = 0
-        return (f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
-                f"{trainer.lr:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | "
-                f"{self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")
-
-
 # ---------------------------------------------------------------------------------------------- the run
 def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False, given=(),
         init_from=None, ranks=None):
@@ -222,7 +183,7 @@ def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False,
         error = None
         try:
             if (tc.out_dir or resume) and rank == 0:
-                checkpoint.check_out_dir(tc.out_dir, resume)
+                checkpoint.check_out_dir(tc.out_dir)
                 lock = checkpoint.own_out_dir(tc.out_dir)
             trainer = set_up(tc, device_name, data_file, dict(given), resume, init_from, rank, say)
         # Every process's error, a bug's too, goes to the agreement, so that none waits for another.
@@ -257,7 +218,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
     tc = trainer.tc
     prepare(trainer, log, compile, world)
     tokens_per_step = tc.batch_size * tc.block_size * tc.grad_accum * world
-    progress = Progress(trainer, tokens_per_step)
+    progress = cli.Progress(trainer, tokens_per_step)
     ended = trainer.done() and not checkpoint.evaluation_pending(trainer)
     stop = 0
     closing = False
