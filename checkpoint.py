@@ -388,9 +388,10 @@ def evaluation_pending(trainer):
 
 # ---------------------------------------------------------------------------------------------- out_dir
 def check_out_dir(out_dir):
-    """An --out_dir that cannot be written fails now, by its real cause, not at the first save
-    after minutes of training; so do a checkpoint and its temporary file that are not files. None
-    ("", which only --resume passes) is refused: a resumed run goes on in its own folder."""
+    """What gpt.Trainer's own check of out_dir (made, and takes a file) cannot say: what stands where
+    the folder, the checkpoint, its temporary file or the lock should be, by name, before the lock
+    is taken in it. "" (which only --resume passes) is refused: a resumed run goes on in its own
+    folder."""
     if not out_dir:
         raise ValueError('--resume goes on in the folder of the run, and --out_dir "" names none: '
                          'give the --out_dir it was trained with')
@@ -401,9 +402,6 @@ def check_out_dir(out_dir):
             if os.path.isdir(name):
                 raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
                                  f"--out_dir a writable folder")
-        with open(path + ".probe", "wb"):
-            pass
-        os.remove(path + ".probe")
     except OSError as e:
         # makedirs says only "File exists" of a file, a loop of links or a link to nothing where
         # the folder should be.
