@@ -108,6 +108,21 @@ class ByteTokenizer:
 
 
 # ---------------------------------------------------------------------------------------------------- a trained run
+def signal_in_batch(monkeypatch, at):
+    """SIGTERM raised in the at-th call of gpt.Trainer.batch, where a scheduler's signal can land (a step or an
+    evaluation); returns the real Trainer.batch, to put back."""
+    real_batch, calls = gpt.Trainer.batch, []
+
+    def signal_in_call(self, split):
+        calls.append(split)
+        if len(calls) == at:
+            signal.raise_signal(signal.SIGTERM)
+        return real_batch(self, split)
+
+    monkeypatch.setattr(gpt.Trainer, "batch", signal_in_call)
+    return real_batch
+
+
 @pytest.fixture(scope="session")
 def trained_dir(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("trained")

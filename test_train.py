@@ -18,7 +18,7 @@ import report
 import sample
 import train
 from conftest import (HERE, TEXT, HANG, tiny_train_config, tiny_flags, quiet, run_cli, one_line_error, ByteTokenizer,
-                      hand_made, set_in)
+                      hand_made, set_in, signal_in_batch)
 
 
 # ---------------------------------------------------------------------------------------------------- runs and resumes
@@ -355,15 +355,7 @@ def test_resume_is_exact_wherever_the_signal_lands(tmp_path, monkeypatch, where)
     # The call of Trainer.batch the signal comes in: in step 3, in step 4, or in the evaluation after step 4.
     at = {"in the step before an evaluation": 3, "in the step an evaluation follows": 4,
           "during the evaluation": 6}[where]
-    real_batch, calls = gpt.Trainer.batch, []
-
-    def signal_in_call(self, split):
-        calls.append(split)
-        if len(calls) == at:
-            signal.raise_signal(signal.SIGTERM)
-        return real_batch(self, split)
-
-    monkeypatch.setattr(gpt.Trainer, "batch", signal_in_call)
+    real_batch = signal_in_batch(monkeypatch, at)
     first, stopped = train.run(tc, TEXT, quiet)
     assert stopped == signal.SIGTERM and first.it == min(at, 4)
     monkeypatch.setattr(gpt.Trainer, "batch", real_batch)
@@ -380,15 +372,7 @@ def test_a_run_stopped_in_its_last_step_or_evaluation_ends_on_resume_as_it_would
                                                                                         where):
     flags = tiny_flags(tmp_path)  # max_iters 8, eval_interval 4, eval_iters 2: 4 steps, 4 eval batches, 4 steps, ...
     at = {"in the last step": 12, "during the last evaluation": 14}[where]  # the call of Trainer.batch
-    real_batch, calls = gpt.Trainer.batch, []
-
-    def signal_in_call(self, split):
-        calls.append(split)
-        if len(calls) == at:
-            signal.raise_signal(signal.SIGTERM)
-        return real_batch(self, split)
-
-    monkeypatch.setattr(gpt.Trainer, "batch", signal_in_call)
+    real_batch = signal_in_batch(monkeypatch, at)
     with pytest.raises(SystemExit) as exit_info:
         train.main(flags)
     assert exit_info.value.code == 143
