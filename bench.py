@@ -295,6 +295,46 @@ def decode_step(device, context=150):
     return step
 
 
+def stacked_heads(attn, x, rope=None):
+    """CausalSelfAttention.heads as one product of the three weights stacked, the form before the plain maps: the same
+    q, k and v, a copy of the weights each call."""
+    maps = (attn.c_q, attn.c_k, attn.c_v)
+    bias = None if attn.c_q.bias is None else torch.cat([m.bias for m in maps])
+    qkv = torch.nn.functional.linear(x, torch.cat([m.weight for m in maps]), bias)  # (B, T, 3 * C)
+    q, k, v = (t.unflatten(-1, (attn.n_head, -1)).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+    if rope is None:
+        return q, k, v
+    return gpt.rope_forward(q, *rope), gpt.rope_forward(k, *rope), v
+
+
+def with_stacked_heads(fn):
+    """fn, run with the attention's three maps taken in one stacked product."""
+    def run():
+        real = gpt.CausalSelfAttention.heads
+        gpt.CausalSelfAttention.heads = stacked_heads
+        try:
+            return fn()
+        finally:
+            gpt.CausalSelfAttention.heads = real
+    return run
+
+
+def bench_maps(device, rounds=7, repeats=8):
+    """ms per training step at the default CPU shape and at nanoGPT's, and per cached decode step, with the plain maps
+    (q = c_q(x), ...) and with the three maps in one stacked product, interleaved in one run."""
+    default = gpt.TrainConfig()
+    recipe = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, **RECIPE_OPTIMIZER, batch_size=RECIPE_BATCH)
+    steps = {"training step, default CPU shape": our_step(default.model_config(vocab_size=65), default, device),
+             "training step, nanoGPT CPU-recipe shape": our_step(recipe.model_config(vocab_size=65), recipe, device),
+             "cached decode step, 6x384": decode_step(device)}
+    fns = {}
+    for name, step in steps.items():
+        fns[name, "plain"] = step
+        fns[name, "stacked"] = with_stacked_heads(step)
+    t = interleaved(fns, device, rounds, repeats)
+    return [dict(name=name, plain_ms=t[name, "plain"] * 1000, stacked_ms=t[name, "stacked"] * 1000) for name in steps]
+
+
 def profile_steps(device, steps=20, rows=8):
     """The ops that take the most time in training steps at nanoGPT's CPU-recipe shape and at the default one, and in
     decode steps with the KV cache: {what: [(op, ms per step, share of the step)]}, from torch.profiler's self time."""
@@ -560,6 +600,8 @@ def measure(argv=None):
     parser = cli.Parser(description="Benchmark gpt.py on this machine.")
     parser.add_argument("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
     parser.add_argument("--profile", action="store_true", help="instead: profile training and decode steps")
+    parser.add_argument("--maps", action="store_true",
+                        help="instead: time steps with the attention's plain maps and with them in one stacked product")
     parser.add_argument("--gpt2", action="store_true",
                         help="instead: greedy sampling at GPT-2 small's shape beside transformers' generate")
     parser.add_argument("--quality", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
@@ -658,6 +700,13 @@ def measure(argv=None):
               f"the same tokens: {g['same_tokens']}")
         print(f"the same weights copied into nn.Linear's (out, in) order in memory: {copied:.1f} tok/s, "
               f"{copied / theirs:.2f}x transformers")
+    elif args.maps:
+        figures["maps"] = bench_maps(device)
+        print("the attention's q, k and v as three products (gpt.py) or one of the weights stacked, "
+              "interleaved, medians:")
+        for r in figures["maps"]:
+            print(f"  {r['name']:42s} plain {r['plain_ms']:7.2f} ms, stacked {r['stacked_ms']:7.2f} ms, "
+                  f"stacked {r['plain_ms'] / r['stacked_ms'] - 1:+.1%} faster")
     elif args.profile:
         figures["profile"] = profile_steps(device)
         for name, rows in figures["profile"].items():

@@ -13,7 +13,7 @@ import torch
 import bench
 import gpt
 import muon
-from conftest import HERE, HANG, TEXT, interrupted, one_line_error
+from conftest import HERE, HANG, TEXT, interrupted, one_line_error, tiny_model
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -196,3 +196,15 @@ def test_the_qk_norm_variant_norms_each_heads_query_and_key_and_is_otherwise_gpt
     torch.testing.assert_close(q, q0 / q0.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt())
     y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
     torch.testing.assert_close(attn(x, rope), attn.c_proj(y), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(bias=True, pos="learned")])
+def test_bench_maps_times_the_stacked_product_on_the_same_q_k_v_and_puts_the_plain_maps_back(overrides):
+    model = tiny_model(**overrides)
+    attn, x = model.h[0].attn, torch.randn(2, 5, model.config.n_embd)
+    rope = None if model.wpe else (model.cos[:5], model.sin[:5])
+    for mine, theirs in zip(bench.stacked_heads(attn, x, rope), attn.heads(x, rope)):
+        torch.testing.assert_close(mine, theirs)
+    inside = []
+    bench.with_stacked_heads(lambda: inside.append(gpt.CausalSelfAttention.heads))()
+    assert inside == [bench.stacked_heads] and gpt.CausalSelfAttention.heads is not bench.stacked_heads
