@@ -420,6 +420,140 @@ def fixed_val_loss(trainer, batches=100, seed=0):
     return total / batches
 
 
+@torch.no_grad()
+def split_loss(model, ids, batch_size):
+    """The mean loss of a model in eval mode over ids, every id after the first predicted once, in back-to-back windows
+    of the model's context, batch_size of them a forward: the same number for the same weights, on any run."""
+    T = model.config.block_size
+    step = batch_size * T
+    total = 0.0
+    for start in range(0, len(ids) - 1, step):
+        xy = torch.as_tensor(ids[start:start + step + 1]).long()
+        # The last window is padded: causal attention hides the padding; cross_entropy leaves out targets -100.
+        x, y = (torch.nn.functional.pad(t, (0, -len(t) % T), value=-100).view(-1, T) for t in (xy[:-1], xy[1:]))
+        total += model(x.clamp(min=0), y)[1].item() * (y >= 0).sum().item()
+    return total / (len(ids) - 1)
+
+
+# nanoGPT's CPU recipe as its README gives it (the shape is RECIPE's): batch 12, AdamW at 1e-3 with beta2 0.99 and
+# weight decay 0.1 (on the matrices, by its own configure_optimizers), 100 warmup steps, then a cosine to 1e-4 at
+# step 2,000, gradients clipped to 1.0, no dropout.
+NANOGPT_RECIPE = dict(steps=RECIPE_STEPS, batch_size=RECIPE_BATCH, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
+                      beta2=0.99, weight_decay=0.1, grad_clip=1.0)
+# Our run's weights are kept this many times, evenly spaced in its time, to find when it reached nanoGPT's loss.
+SNAPSHOTS = 40
+
+
+class AllLogits(torch.nn.Module):
+    """nanoGPT's GPT as gpt.split_loss reads a model: forward(idx, targets) -> (the logits of every position, the mean
+    loss of the targets other than -100). nanoGPT's forward gives every position's logits only when it is given
+    targets (without, the last position's), and leaves out targets -1, not -100."""
+
+    def __init__(self, nano_model):
+        super().__init__()
+        self.nano_model = nano_model
+        self.config = nano_model.config
+
+    def forward(self, idx, targets):
+        logits, _ = self.nano_model(idx, targets.clamp(min=0))
+        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def train_nanogpt(nano, train_ids, vocab_size, recipe, seed=0):
+    """nanoGPT's model.py trained by its CPU recipe on train_ids (random windows of its context, one micro-batch a
+    step, as its train.py draws them); (the model, the seconds its steps took)."""
+    quiet = contextlib.redirect_stdout(io.StringIO())  # nanoGPT prints its parameter count and optimizer groups
+    torch.manual_seed(seed)
+    with quiet:
+        model = theirs_runs(lambda: nano.GPT(nano.GPTConfig(**{**RECIPE, "vocab_size": vocab_size}, dropout=0.0)))()
+        optimizer = theirs_runs(lambda: model.configure_optimizers(recipe["weight_decay"], recipe["learning_rate"],
+                                                                   (0.9, recipe["beta2"]), "cpu"))()
+    # The schedule as gpt.lr_at draws it: a linear warmup, then a cosine to min_lr at the last step.
+    schedule = gpt.TrainConfig(learning_rate=recipe["learning_rate"], min_lr=recipe["min_lr"],
+                               warmup_iters=recipe["warmup_iters"], max_iters=recipe["steps"])
+    T = RECIPE["block_size"]
+    generator = torch.Generator().manual_seed(seed)
+
+    @theirs_runs
+    def step(it):
+        for group in optimizer.param_groups:
+            group["lr"] = gpt.lr_at(schedule, it, 0.0)
+        ix = torch.randint(len(train_ids) - T, (recipe["batch_size"], 1), generator=generator)
+        xy = torch.as_tensor(train_ids[ix + torch.arange(T + 1)]).long()  # (B, T + 1)
+        _, loss = model(xy[:, :-1].contiguous(), xy[:, 1:].contiguous())  # as its get_batch makes them
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    start = time.perf_counter()
+    for it in range(recipe["steps"]):
+        step(it)
+    return model, time.perf_counter() - start
+
+
+def ours_for(seconds, ids, tokenizer, snapshots):
+    """Our default CPU run on ids for `seconds` of wall time, as train.py trains it; (the trainer, [(seconds, weights)]
+    kept evenly spaced in its time)."""
+    tc = gpt.TrainConfig(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9, eval_iters=1,
+                         device="cpu")
+    data.check_fits(ids, tokenizer.vocab_size, tc.block_size)
+    trainer = gpt.Trainer(tc, ids, tokenizer, log=lambda *args: None)
+    trainer.optimizers = muon.batched(trainer.optimizers)
+    kept = []
+    for _ in trainer.steps():
+        if trainer.elapsed >= (len(kept) + 1) * seconds / snapshots and not trainer.done():
+            kept.append((trainer.elapsed, {k: v.clone() for k, v in trainer.model.state_dict().items()}))
+    return trainer, kept
+
+
+def reached_at(trainer, kept, target):
+    """The seconds our run took to reach a val loss of target or lower, on the whole held-out split: the first of its
+    kept weights that does, found by bisection (the loss falls as the run goes on), or the run's end; None when even
+    the end did not."""
+    model = trainer.model.eval()
+    if split_loss(model, trainer.splits["val"], trainer.tc.batch_size) > target:
+        return None
+    end = {k: v.clone() for k, v in model.state_dict().items()}
+    low, high = -1, len(kept)  # kept[high], or the end where high == len(kept), reaches the target
+    while high - low > 1:
+        middle = (low + high) // 2
+        model.load_state_dict(kept[middle][1])
+        if split_loss(model, trainer.splits["val"], trainer.tc.batch_size) <= target:
+            high = middle
+        else:
+            low = middle
+    model.load_state_dict(end)
+    return kept[high][0] if high < len(kept) else trainer.elapsed
+
+
+def quality_versus_nanogpt(nano, path, recipe, snapshots, log=functools.partial(print, flush=True)):
+    """nanoGPT's model.py trained by its CPU recipe, timed, then our default for the same wall time on the same text,
+    both evaluated on the whole held-out split of it (split_loss, in windows of each one's context)."""
+    ids, tokenizer = data.read_data(data.DataFile(path, None))
+    splits = gpt.split(ids)  # our split, for both
+    theirs, seconds = train_nanogpt(nano, splits["train"], tokenizer.vocab_size, recipe)
+    their_loss = theirs_runs(split_loss)(AllLogits(theirs).eval(), splits["val"], recipe["batch_size"])
+    log(f"nanoGPT's CPU recipe: {recipe['steps']} steps in {seconds:.0f} s, val loss {their_loss:.4f}")
+    ours, kept = ours_for(seconds, ids, tokenizer, snapshots)
+    our_loss = split_loss(ours.model.eval(), splits["val"], ours.tc.batch_size)
+    log(f"ours, the default for {seconds:.0f} s: {ours.it} steps, val loss {our_loss:.4f}")
+    return dict(seconds=seconds, data=path, steps={"ours": ours.it, "nanoGPT": recipe["steps"]},
+                val_loss={"ours": our_loss, "nanoGPT": their_loss}, reached_seconds=reached_at(ours, kept, their_loss))
+
+
+def versus_line(q):
+    """The last line of --quality --nanogpt: both losses, the difference, and how soon ours reached nanoGPT's."""
+    ours, theirs = q["val_loss"]["ours"], q["val_loss"]["nanoGPT"]
+    line = (f"ours {ours:.4f}, nanoGPT {theirs:.4f}: {abs(theirs - ours):.4f} {'lower' if ours <= theirs else 'higher'}"
+            f" in {q['seconds']:.0f} s; nanoGPT's loss ")
+    reached = q["reached_seconds"]
+    if reached is None:
+        return line + "not reached"
+    return line + f"reached in {reached:.0f} s ({q['seconds'] / max(reached, 1e-9):.1f}x)"
+
+
 def bench_optimizers(seconds, path, optimizers=cli.choices("optimizer"), **changes):
     """Trains the default CPU config with each optimizer for `seconds` of wall time, one after the other in this
     process on the same text; {optimizer: its steps, ms per step and val loss on a fixed set of 100 val batches}.
@@ -605,7 +739,10 @@ def measure(argv=None):
     parser.add_argument("--gpt2", action="store_true",
                         help="instead: greedy sampling at GPT-2 small's shape beside transformers' generate")
     parser.add_argument("--quality", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
-                        help="instead: train the default CPU config this long and report its val loss")
+                        nargs="?", const=0.0,
+                        help="instead: train the default CPU config this long and report its val loss on the whole "
+                             "held-out split; with --nanogpt DIR and no SECONDS, train nanoGPT's model.py by its CPU "
+                             "recipe, then ours for the same time, and compare their val losses")
     parser.add_argument("--optimizers", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
                         metavar="SECONDS", help="instead: train the default CPU config this long with each optimizer, "
                                                 "one after the other, and compare their val losses")
@@ -624,6 +761,8 @@ def measure(argv=None):
                                                         "(default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    if args.quality is not None and bool(args.quality) == bool(args.nanogpt):
+        parser.error("--quality takes SECONDS, or with --nanogpt DIR none: nanoGPT's recipe sets the time")
     if (args.only or args.set) and not args.optimizers:
         parser.error("--only and --set go with --optimizers")
     try:  # the options together, as train.py holds them: min_lr at most learning_rate, say
@@ -641,7 +780,15 @@ def measure(argv=None):
     figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads(),
                    device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, {figures['date']}")
-    if args.quality:
+    if args.quality == 0.0 and args.nanogpt:
+        nano = load_nanogpt(args.nanogpt)
+        try:
+            q = figures["quality_versus_nanogpt"] = quality_versus_nanogpt(nano, args.data, NANOGPT_RECIPE, SNAPSHOTS)
+        except TheirFault as e:
+            raise ValueError(f"the GPT of {args.nanogpt}/model.py does not run as nanoGPT's does ({e}): pass "
+                             f"--nanogpt the folder of nanoGPT's model.py") from None
+        print(versus_line(q))
+    elif args.quality:
         q = figures["quality"] = bench_quality(args.quality, args.data)
         print(f"{q['seconds']:.0f} s of training on {q['data']}: {q['iters']} iterations, val loss {q['val_loss']:.4f}")
         print(q["report"])

@@ -1,4 +1,5 @@
 """Tests of bench.py."""
+import json
 import math
 import os
 import re
@@ -208,3 +209,133 @@ def test_bench_maps_times_the_stacked_product_on_the_same_q_k_v_and_puts_the_pla
     inside = []
     bench.with_stacked_heads(lambda: inside.append(gpt.CausalSelfAttention.heads))()
     assert inside == [bench.stacked_heads] and gpt.CausalSelfAttention.heads is not bench.stacked_heads
+
+
+# A stand-in for nanoGPT's model.py with its interface: GPTConfig's fields, GPT(config), forward(idx, targets=None)
+# giving every position's logits and the loss (targets -1 left out) with targets and the last position's without, and
+# configure_optimizers(weight_decay, learning_rate, betas, device_type). A bigram model, which trains in moments.
+NANOGPT_STAND_IN = '''
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+MADE = []
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = torch.nn.Embedding(config.vocab_size, config.n_embd)
+        self.lm_head = torch.nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.calls = []
+        MADE.append(self)
+
+    def forward(self, idx, targets=None):
+        assert idx.size(1) <= self.config.block_size
+        self.calls.append((self.training, targets is not None))
+        logits = self.lm_head(self.wte(idx))
+        if targets is None:
+            return logits[:, [-1], :], None
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        self.optimizer_args = (weight_decay, learning_rate, betas, device_type)
+        optimizer = torch.optim.AdamW([{"params": [self.wte.weight, self.lm_head.weight],
+                                        "weight_decay": weight_decay}], lr=learning_rate, betas=betas)
+        self.rates = []
+        step = optimizer.step
+        optimizer.step = lambda: (self.rates.append(optimizer.param_groups[0]["lr"]), step())
+        return optimizer
+'''
+
+
+def test_bench_quality_trains_nanogpts_model_py_by_its_recipe_then_ours_for_its_time_and_evaluates_both_alike(
+        tmp_path, monkeypatch, capsys):
+    (tmp_path / "model.py").write_text(NANOGPT_STAND_IN)
+    text = TEXT[:20_000]
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    loaded = []
+    real_load = bench.load_nanogpt
+    monkeypatch.setattr(bench, "load_nanogpt", lambda folder: loaded.append(real_load(folder)) or loaded[-1])
+    # A shortened recipe: 60 steps, 6 of them warmup, the rest as nanoGPT's.
+    monkeypatch.setattr(bench, "NANOGPT_RECIPE", dict(bench.NANOGPT_RECIPE, steps=60, warmup_iters=6))
+    bench.main(["--quality", "--nanogpt", str(tmp_path), "--data", str(tmp_path / "text.txt"),
+                "--json", str(tmp_path / "bench.json")])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    found = re.fullmatch(r"ours (\d\.\d{4}), nanoGPT (\d\.\d{4}): (\d\.\d{4}) (lower|higher) in (\d+) s; nanoGPT's "
+                         r"loss (reached in (\d+) s \((\d+\.\d)x\)|not reached)", last)
+    assert found, last
+    figures = json.loads((tmp_path / "bench.json").read_text())["quality_versus_nanogpt"]
+    ours, theirs = figures["val_loss"]["ours"], figures["val_loss"]["nanoGPT"]
+    assert found[3] == f"{abs(theirs - ours):.4f}" and (found[4] == "lower") == (ours <= theirs)
+    reached = figures["reached_seconds"]
+    assert (reached is None) == (found[6] == "not reached") and (ours <= theirs) == (reached is not None)
+    assert reached is None or 0 < reached <= figures["seconds"] + 1
+    # nanoGPT's model by its recipe: its shape, its optimizer's options, the schedule, one step each.
+    model = loaded[0].MADE[-1]
+    vocab = sorted(set(text))
+    assert vars(model.config) == dict(block_size=64, vocab_size=len(vocab), n_layer=4, n_head=4, n_embd=128,
+                                      dropout=0.0, bias=False)
+    assert model.optimizer_args == (0.1, 1e-3, (0.9, 0.99), "cpu") and len(model.rates) == 60
+    assert model.rates[:6] == pytest.approx([1e-3 * (i + 1) / 6 for i in range(6)])  # the warmup, then the cosine
+    assert model.rates[5:] == sorted(model.rates[5:], reverse=True) and model.rates[-1] == pytest.approx(1e-4, rel=0.01)
+    assert [c for c in model.calls if c[0]] == [(True, True)] * 60  # trained with targets, 60 steps
+    # Evaluated in eval mode, always with targets (without, nanoGPT gives the last position's logits alone), on
+    # the whole held-out split: for a bigram model, the mean loss of every held-out character after the first.
+    assert all(c == (False, True) for c in model.calls[60:]) and len(model.calls) > 60
+    ids = torch.tensor([vocab.index(c) for c in text[int(0.9 * len(text)):]])
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model.lm_head(model.wte(ids[:-1])), ids[1:]).item()
+    assert theirs == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_seconds_ours_took_to_reach_nanogpts_loss_are_the_first_kept_weights_that_reach_it(monkeypatch):
+    class Weights(torch.nn.Module):
+        """A model whose whole-split loss is what its state says: 1.4 at the run's end."""
+        loss = torch.tensor(1.4)
+
+        def state_dict(self):
+            return {"loss": self.loss}
+
+        def load_state_dict(self, state):
+            self.loss = state["loss"]
+
+    monkeypatch.setattr(bench, "split_loss", lambda model, ids, batch_size: model.loss.item())
+    losses = [3.0, 2.5, 2.6, 2.0, 1.9, 1.7, 1.5]  # kept every 10 s; the end, at 75 s: 1.4
+    kept = [(10.0 * (i + 1), {"loss": torch.tensor(loss)}) for i, loss in enumerate(losses)]
+    trainer = types.SimpleNamespace(model=Weights(), splits={"val": None}, tc=types.SimpleNamespace(batch_size=8),
+                                    elapsed=75.0)
+    assert bench.reached_at(trainer, kept, 2.0) == 40.0
+    assert bench.reached_at(trainer, kept, 1.45) == 75.0  # the end alone
+    assert bench.reached_at(trainer, kept, 9.0) == 10.0
+    assert bench.reached_at(trainer, kept, 1.3) is None
+    assert trainer.model.loss.item() == pytest.approx(1.4)  # the end's weights put back
+
+
+@pytest.mark.parametrize("length", [2, 17, 40, 61])
+def test_the_whole_split_loss_predicts_every_id_after_the_first_once(length):
+    model = tiny_model().eval()
+    T = model.config.block_size
+    ids = torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(length))
+    # Window by window, unpadded, unbatched: the sum of the losses of every id after the first, each once.
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, length - 1, T):
+            x, y = ids[start:start + T], ids[start + 1:start + T + 1]
+            logits, _ = model(x[:len(y)][None])
+            total += torch.nn.functional.cross_entropy(logits[0], y, reduction="sum").item()
+    for batch_size in (1, 2, 3):
+        assert bench.split_loss(model, ids, batch_size) == pytest.approx(total / (length - 1), rel=1e-5)
