@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest.mock
 
 import torch
 
@@ -641,6 +642,60 @@ def bench_variants(seconds, path, variants=tuple(VARIANTS), rounds=2):
     return rows
 
 
+def flat_then_cooldown(tc, it, elapsed, cooldown=0.6):
+    """gpt.lr_at's warmup, then the peak rate held, then a straight line down to min_lr over the last `cooldown` of
+    the time (or of the steps): the schedule of modded-nanogpt's speedrun records."""
+    if it < tc.warmup_iters:
+        return tc.learning_rate * (it + 1) / tc.warmup_iters
+    done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
+    left = min(1.0, max(0.0, (1 - done) / cooldown))
+    return tc.min_lr + left * (tc.learning_rate - tc.min_lr)
+
+
+# The candidates for the default recipe (part 3 of the speedrun): TrainConfig changes, a schedule in place of
+# gpt.lr_at, or the training step through torch.compile (its compiling counted on the run's clock).
+CANDIDATES = {
+    "default": {},
+    "untied": dict(changes=dict(tie_weights=False)),
+    "context 64, batch 16": dict(changes=dict(block_size=64, batch_size=16)),
+    "warmup 20": dict(changes=dict(warmup_iters=20)),
+    "no clipping": dict(changes=dict(grad_clip=0.0)),
+    "flat, then cooldown": dict(lr_at=flat_then_cooldown),
+    "compile": dict(compile=True),
+}
+
+
+def candidate_run(seconds, ids, tokenizer, candidate, **changes):
+    """The default CPU run, as train.py trains it, changed as CANDIDATES[candidate] says (and by changes), for
+    `seconds` of wall time on ids; its steps and its val loss on the whole held-out split (split_loss)."""
+    c = CANDIDATES[candidate]
+    tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
+                                   eval_iters=1, device="cpu"), **changes, **c.get("changes", {})})
+    data.check_fits(ids, tokenizer.vocab_size, tc.block_size)
+    trainer = gpt.Trainer(tc, ids, tokenizer, log=lambda *args: None)
+    trainer.optimizers = muon.batched(trainer.optimizers)
+    if c.get("compile"):
+        torch._dynamo.reset()
+        trainer.wrapped_model = torch.compile(trainer.model)
+    with unittest.mock.patch.object(gpt, "lr_at", c.get("lr_at", gpt.lr_at)):
+        for _ in trainer.steps():
+            pass
+    return dict(iters=trainer.it, val_loss=split_loss(trainer.model.eval(), trainer.splits["val"], 64))
+
+
+def bench_candidates(seconds, path, candidates, rounds=3, **changes):
+    """The default and each candidate trained for `seconds` on the text at path, one after the other, `rounds` times
+    in alternating order (against a drifting machine); [(round, candidate, run)]."""
+    ids, tokenizer = data.read_data(data.DataFile(path, None))
+    rows = []
+    for r in range(rounds):
+        for candidate in candidates if r % 2 == 0 else candidates[::-1]:
+            rows.append((r + 1, candidate, candidate_run(seconds, ids, tokenizer, candidate, **changes)))
+            print(f"  round {r + 1} {candidate:22s} {rows[-1][2]['iters']:6d} steps  val loss "
+                  f"{rows[-1][2]['val_loss']:.4f}", flush=True)
+    return rows
+
+
 ENCODE = """
 import sys, time, tracemalloc
 import data
@@ -751,6 +806,11 @@ def measure(argv=None):
                                                 "long, twice, one after the other, and compare their val losses")
     parser.add_argument("--variant", action="append", choices=list(VARIANTS),
                         help="with --variants: this one and the default alone; again for more")
+    parser.add_argument("--candidates", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
+                        metavar="SECONDS", help="instead: train the default and each candidate for its recipe this "
+                                                "long, three times in alternating order; val loss on the whole split")
+    parser.add_argument("--candidate", action="append", choices=list(CANDIDATES)[1:],
+                        help="with --candidates: this one and the default alone; again for more")
     parser.add_argument("--data", default="input.txt", help="text for --quality, --optimizers and --variants "
                                                             "(default: %(default)s)")
     parser.add_argument("--only", choices=cli.choices("optimizer"), help="with --optimizers: run this one alone")
@@ -763,12 +823,14 @@ def measure(argv=None):
     args = parser.parse_args(argv)
     if args.quality is not None and bool(args.quality) == bool(args.nanogpt):
         parser.error("--quality takes SECONDS, or with --nanogpt DIR none: nanoGPT's recipe sets the time")
-    if (args.only or args.set) and not args.optimizers:
-        parser.error("--only and --set go with --optimizers")
+    if args.only and not args.optimizers or args.set and not (args.optimizers or args.candidates):
+        parser.error("--only goes with --optimizers, --set with --optimizers or --candidates")
     try:  # the options together, as train.py holds them: min_lr at most learning_rate, say
         gpt.TrainConfig(**dict(args.set))
     except ValueError as e:
         parser.error(f"--set: {e}")
+    if args.candidate and not args.candidates:
+        parser.error("--candidate goes with --candidates")
     if args.variant and not args.variants:
         parser.error("--variant goes with --variants")
     device = cli.usable_device(args.device)
@@ -816,6 +878,15 @@ def measure(argv=None):
         for variant in variants[1:]:
             deltas = [run["val_loss"] - default[r] for r, v, run in rows if v == variant]
             print(f"  {variant:17s} minus the default, each round: {', '.join(f'{d:+.4f}' for d in deltas)}")
+    elif args.candidates:
+        candidates = ["default"] + [c for c in CANDIDATES if c in (args.candidate or CANDIDATES) and c != "default"]
+        print(f"{args.candidates:.0f} s of training each on {args.data}, alternating; val loss on the whole held-out "
+              f"split:")
+        rows = bench_candidates(args.candidates, args.data, candidates, **dict(args.set))
+        figures["candidates"] = [dict(round=r, candidate=c, **run) for r, c, run in rows]
+        mean = {c: statistics.mean(run["val_loss"] for _, name, run in rows if name == c) for c in candidates}
+        for c in candidates:
+            print(f"  {c:22s} mean {mean[c]:.4f}, minus the default's {mean[c] - mean['default']:+.4f}")
     elif args.nanogpt:
         nano = load_nanogpt(args.nanogpt)
         try:
