@@ -51,16 +51,6 @@ SAMPLING = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, 
 PROMPT, NEW_TOKENS, PAST_TOKENS = 56, 200, 50  # 56 + 200 fill the 256 context
 
 
-def native_bf16():
-    """The CPU feature that runs bf16 natively (AMX or AVX512-BF16), or None."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read().split()
-    except OSError:
-        return None
-    return next((name for name in ("amx_bf16", "avx512_bf16") if name in flags), None)
-
-
 def timed(fn, device):
     t = time.perf_counter()
     fn()
@@ -653,16 +643,20 @@ def flat_then_cooldown(tc, it, elapsed, cooldown=0.6):
 
 
 # The candidates for the default recipe (part 3 of the speedrun): TrainConfig changes, a schedule in place of
-# gpt.lr_at, or the training step through torch.compile (its compiling counted on the run's clock).
+# gpt.lr_at, the training step through torch.compile (its compiling counted on the run's clock), or Muon's products
+# in another dtype than muon.products_dtype chooses.
 CANDIDATES = {
     "default": {},
     "untied": dict(changes=dict(tie_weights=False)),
     "context 64, batch 16": dict(changes=dict(block_size=64, batch_size=16)),
     "warmup 20": dict(changes=dict(warmup_iters=20)),
-    "no clipping": dict(changes=dict(grad_clip=0.0)),
     "flat, then cooldown": dict(lr_at=flat_then_cooldown),
     "compile": dict(compile=True),
+    "Muon in bfloat16": dict(products=torch.bfloat16),
 }
+
+
+real_products = muon.products_dtype
 
 
 def candidate_run(seconds, ids, tokenizer, candidate, **changes):
@@ -677,7 +671,9 @@ def candidate_run(seconds, ids, tokenizer, candidate, **changes):
     if c.get("compile"):
         torch._dynamo.reset()
         trainer.wrapped_model = torch.compile(trainer.model)
-    with unittest.mock.patch.object(gpt, "lr_at", c.get("lr_at", gpt.lr_at)):
+    products = c.get("products")
+    with (unittest.mock.patch.object(gpt, "lr_at", c.get("lr_at", gpt.lr_at)),
+          unittest.mock.patch.object(muon, "products_dtype", lambda device: products or real_products(device))):
         for _ in trainer.steps():
             pass
     return dict(iters=trainer.it, val_loss=split_loss(trainer.model.eval(), trainer.splits["val"], 64))
@@ -937,7 +933,7 @@ def measure(argv=None):
               f"{r['one-row matmuls, (in, out) in memory']:.1f} GB/s, a sum of each tensor {r['sums']:.1f} GB/s")
     else:
         cuda = device.type == "cuda"
-        bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else native_bf16()
+        bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else muon.native_bf16()
         n, peaks = matmul_peaks([torch.float32] + ([torch.bfloat16] if bf16 else []), device)
         figures.update(matmul_gflops=peaks, training=bench_training(device, peaks, bf16),
                        muon_step_ms=bench_muon(device), sampling_tokens_per_s=bench_sampling(device))

@@ -23,6 +23,7 @@ PRODUCTS = [("bfloat16", 0.06), ("float32", 1e-4)]
 
 
 def products_in(products, monkeypatch):
+    monkeypatch.setattr(muon, "products_dtype", lambda device: getattr(torch, products))
     if products == "float32":
         # A copy, as bfloat16() makes one: torch's iteration divides it in place.
         monkeypatch.setattr(torch.Tensor, "bfloat16", lambda tensor: tensor.clone())
@@ -75,7 +76,8 @@ def test_batched_replaces_torch_muon_alone_with_its_options_and_state_and_either
 
 
 # ---------------------------------------------------------------------------------- muon.batched on gpt.py's optimizers
-def test_one_step_of_gpt_pys_optimizers_on_the_default_model_is_what_batched_muon_steps():
+def test_one_step_of_gpt_pys_optimizers_on_the_default_model_is_what_batched_muon_steps(monkeypatch):
+    monkeypatch.setattr(muon, "products_dtype", lambda device: torch.bfloat16)  # as torch's, on any CPU
     tc = gpt.TrainConfig()
     models = []
     for _ in range(2):
@@ -98,3 +100,21 @@ def test_one_step_of_gpt_pys_optimizers_on_the_default_model_is_what_batched_muo
         step = torch.linalg.norm(p - moved[id(p)])
         # Both run the products in bfloat16; a batched product may round otherwise than a lone one.
         assert torch.linalg.norm(p - q) < 0.02 * step, p.shape
+
+
+def test_the_products_are_bfloat16_where_the_hardware_has_it_and_float32_on_a_cpu_that_would_emulate_it(monkeypatch):
+    monkeypatch.setattr(muon, "native_bf16", lambda: None)
+    assert muon.products_dtype(torch.device("cpu")) == torch.float32
+    assert muon.products_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(muon, "native_bf16", lambda: "avx512_bf16")
+    assert muon.products_dtype(torch.device("cpu")) == torch.bfloat16
+    # The step runs its products in what products_dtype says for the parameters' device.
+    seen = []
+    real = muon.orthogonalize
+    monkeypatch.setattr(muon, "orthogonalize", lambda *args: seen.append(args[-1]) or real(*args))
+    p = torch.nn.Parameter(torch.randn(8, 4))
+    p.grad = torch.randn(8, 4)
+    for native, dtype in ((None, torch.float32), ("amx_bf16", torch.bfloat16)):
+        monkeypatch.setattr(muon, "native_bf16", lambda native=native: native)
+        muon.BatchedMuon([p], lr=0.01).step()
+        assert seen.pop() == dtype
