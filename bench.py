@@ -21,6 +21,7 @@ import functools
 import importlib.util
 import io
 import json
+import math
 import os
 import signal
 import statistics
@@ -40,7 +41,7 @@ import gpt_numpy
 import muon
 import train
 
-GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu")
+GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True)
 # nanoGPT's CPU recipe (its README: shakespeare_char at 4 layers, 128 wide, context 64, batch 12, no dropout; bias off),
 # trained here with AdamW as nanoGPT trains it, so that a step is set beside its own.
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False)
@@ -378,12 +379,13 @@ def weight_reads(device, rounds=7):
 
 
 def bench_quality(seconds, path):
-    """Trains the default CPU config for `seconds` of wall time; returns the final val loss (100 batches)."""
+    """Trains the default CPU config for `seconds` of wall time, as train.py does; returns its final val loss, on the
+    whole held-out split."""
     lines = []
     start = time.time()
     with tempfile.TemporaryDirectory() as out_dir:
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
-                             eval_iters=100, device="cpu")
+                             device="cpu")
         try:
             trainer, stopped = train.run(tc, data.read_text(path), log=lines.append)
         # Ctrl-C before the training loop, which saves and returns on a signal, has begun.
@@ -395,35 +397,6 @@ def bench_quality(seconds, path):
         sys.exit(128 + stopped)
     return dict(seconds=seconds, data=path, iters=trainer.it, val_loss=trainer.history[-1]["val"],
                 report=next(line for line in lines if line.startswith("what context buys")))
-
-
-@torch.no_grad()
-def fixed_val_loss(trainer, batches=100, seed=0):
-    """The mean loss over a fixed, seeded set of val batches, the same for every run on the same data and shapes
-    (Trainer.evaluate draws its batches after the run's own, and the train split's first)."""
-    trainer.generator.manual_seed(seed)
-    model = trainer.model.eval()
-    total = 0.0
-    for _ in range(batches):
-        _, loss = model(*trainer.batch("val"))
-        total += loss.item()
-    model.train()
-    return total / batches
-
-
-@torch.no_grad()
-def split_loss(model, ids, batch_size):
-    """The mean loss of a model in eval mode over ids, every id after the first predicted once, in back-to-back windows
-    of the model's context, batch_size of them a forward: the same number for the same weights, on any run."""
-    T = model.config.block_size
-    step = batch_size * T
-    total = 0.0
-    for start in range(0, len(ids) - 1, step):
-        xy = torch.as_tensor(ids[start:start + step + 1]).long()
-        # The last window is padded: causal attention hides the padding; cross_entropy leaves out targets -100.
-        x, y = (torch.nn.functional.pad(t, (0, -len(t) % T), value=-100).view(-1, T) for t in (xy[:-1], xy[1:]))
-        total += model(x.clamp(min=0), y)[1].item() * (y >= 0).sum().item()
-    return total / (len(ids) - 1)
 
 
 # nanoGPT's CPU recipe as its README gives it (the shape is RECIPE's): batch 12, AdamW at 1e-3 with beta2 0.99 and
@@ -438,12 +411,14 @@ SNAPSHOTS = 40
 class AllLogits(torch.nn.Module):
     """nanoGPT's GPT as gpt.split_loss reads a model: forward(idx, targets) -> (the logits of every position, the mean
     loss of the targets other than -100). nanoGPT's forward gives every position's logits only when it is given
-    targets (without, the last position's), and leaves out targets -1, not -100."""
+    targets (without, the last position's), and leaves out targets -1, not -100. Its lm_head tells split_loss where
+    the model is."""
 
     def __init__(self, nano_model):
         super().__init__()
         self.nano_model = nano_model
         self.config = nano_model.config
+        self.lm_head = nano_model.lm_head
 
     def forward(self, idx, targets):
         logits, _ = self.nano_model(idx, targets.clamp(min=0))
@@ -459,7 +434,7 @@ def train_nanogpt(nano, train_ids, vocab_size, recipe, seed=0):
         model = theirs_runs(lambda: nano.GPT(nano.GPTConfig(**{**RECIPE, "vocab_size": vocab_size}, dropout=0.0)))()
         optimizer = theirs_runs(lambda: model.configure_optimizers(recipe["weight_decay"], recipe["learning_rate"],
                                                                    (0.9, recipe["beta2"]), "cpu"))()
-    # The schedule as gpt.lr_at draws it: a linear warmup, then a cosine to min_lr at the last step.
+    # Its schedule: a linear warmup, then a cosine to min_lr at the last step.
     schedule = gpt.TrainConfig(learning_rate=recipe["learning_rate"], min_lr=recipe["min_lr"],
                                warmup_iters=recipe["warmup_iters"], max_iters=recipe["steps"])
     T = RECIPE["block_size"]
@@ -468,7 +443,7 @@ def train_nanogpt(nano, train_ids, vocab_size, recipe, seed=0):
     @theirs_runs
     def step(it):
         for group in optimizer.param_groups:
-            group["lr"] = gpt.lr_at(schedule, it, 0.0)
+            group["lr"] = cosine_lr(schedule, it, 0.0)
         ix = torch.randint(len(train_ids) - T, (recipe["batch_size"], 1), generator=generator)
         xy = torch.as_tensor(train_ids[ix + torch.arange(T + 1)]).long()  # (B, T + 1)
         _, loss = model(xy[:, :-1].contiguous(), xy[:, 1:].contiguous())  # as its get_batch makes them
@@ -504,14 +479,14 @@ def reached_at(trainer, kept, target):
     kept weights that does, found by bisection (the loss falls as the run goes on), or the run's end; None when even
     the end did not."""
     model = trainer.model.eval()
-    if split_loss(model, trainer.splits["val"], trainer.tc.batch_size) > target:
+    if gpt.split_loss(model, trainer.splits["val"], trainer.tc.batch_size) > target:
         return None
     end = {k: v.clone() for k, v in model.state_dict().items()}
     low, high = -1, len(kept)  # kept[high], or the end where high == len(kept), reaches the target
     while high - low > 1:
         middle = (low + high) // 2
         model.load_state_dict(kept[middle][1])
-        if split_loss(model, trainer.splits["val"], trainer.tc.batch_size) <= target:
+        if gpt.split_loss(model, trainer.splits["val"], trainer.tc.batch_size) <= target:
             high = middle
         else:
             low = middle
@@ -525,10 +500,10 @@ def quality_versus_nanogpt(nano, path, recipe, snapshots, log=functools.partial(
     ids, tokenizer = data.read_data(data.DataFile(path, None))
     splits = gpt.split(ids)  # our split, for both
     theirs, seconds = train_nanogpt(nano, splits["train"], tokenizer.vocab_size, recipe)
-    their_loss = theirs_runs(split_loss)(AllLogits(theirs).eval(), splits["val"], recipe["batch_size"])
+    their_loss = theirs_runs(gpt.split_loss)(AllLogits(theirs).eval(), splits["val"], recipe["batch_size"])
     log(f"nanoGPT's CPU recipe: {recipe['steps']} steps in {seconds:.0f} s, val loss {their_loss:.4f}")
     ours, kept = ours_for(seconds, ids, tokenizer, snapshots)
-    our_loss = split_loss(ours.model.eval(), splits["val"], ours.tc.batch_size)
+    our_loss = gpt.split_loss(ours.model.eval(), splits["val"], ours.tc.batch_size)
     log(f"ours, the default for {seconds:.0f} s: {ours.it} steps, val loss {our_loss:.4f}")
     return dict(seconds=seconds, data=path, steps={"ours": ours.it, "nanoGPT": recipe["steps"]},
                 val_loss={"ours": our_loss, "nanoGPT": their_loss}, reached_seconds=reached_at(ours, kept, their_loss))
@@ -547,7 +522,7 @@ def versus_line(q):
 
 def bench_optimizers(seconds, path, optimizers=cli.choices("optimizer"), **changes):
     """Trains the default CPU config with each optimizer for `seconds` of wall time, one after the other in this
-    process on the same text; {optimizer: its steps, ms per step and val loss on a fixed set of 100 val batches}.
+    process on the same text; {optimizer: its steps, ms per step and val loss on the whole held-out split}.
     changes: other TrainConfig options, the same for every run."""
     text, tokenizer = data.read_data(data.read_text(path))
     runs = {}
@@ -560,7 +535,7 @@ def bench_optimizers(seconds, path, optimizers=cli.choices("optimizer"), **chang
 
 def timed_run(tc, text, tokenizer, variant="default"):
     """Trains as train.py does for tc.max_time seconds, the model built as VARIANTS[variant] builds it; its steps,
-    ms per step and val loss on a fixed set of 100 val batches."""
+    ms per step and val loss on the whole held-out split (gpt.split_loss, at the run's last evaluation)."""
     # train.py's checks of the data, before minutes of training.
     data.check_fits(text, tokenizer.vocab_size, tc.block_size)
     torch.manual_seed(tc.seed)
@@ -571,7 +546,7 @@ def timed_run(tc, text, tokenizer, variant="default"):
         trainer.optimizers = muon.batched(trainer.optimizers)
     for _ in trainer.steps():
         pass
-    return dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000, val_loss=fixed_val_loss(trainer))
+    return dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000, val_loss=trainer.history[-1]["val"])
 
 
 def relu_squared(config):
@@ -619,7 +594,7 @@ VARIANTS = {"default": gpt.GPT, "torch.optim.Muon": gpt.GPT, "relu squared": rel
 def bench_variants(seconds, path, variants=tuple(VARIANTS), rounds=2):
     """Trains the default CPU config and each variant of it for `seconds` of wall time, one after the other in this
     process, `rounds` times (the second round in reverse order, against a drifting machine); [(round, variant, run)]
-    with each run's steps, ms per step and val loss on the same 100 val batches."""
+    with each run's steps, ms per step and val loss on the whole held-out split."""
     text, tokenizer = data.read_data(data.read_text(path))
     tc = gpt.TrainConfig(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9, eval_iters=1,
                          device="cpu")
@@ -632,25 +607,24 @@ def bench_variants(seconds, path, variants=tuple(VARIANTS), rounds=2):
     return rows
 
 
-def flat_then_cooldown(tc, it, elapsed, cooldown=0.6):
-    """gpt.lr_at's warmup, then the peak rate held, then a straight line down to min_lr over the last `cooldown` of
-    the time (or of the steps): the schedule of modded-nanogpt's speedrun records."""
+def cosine_lr(tc, it, elapsed):
+    """gpt.lr_at's warmup, then a cosine to min_lr over the steps, or the seconds with max_time: nanoGPT's schedule,
+    and gpt.py's before the flat rate and its cooldown."""
     if it < tc.warmup_iters:
         return tc.learning_rate * (it + 1) / tc.warmup_iters
-    done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
-    left = min(1.0, max(0.0, (1 - done) / cooldown))
-    return tc.min_lr + left * (tc.learning_rate - tc.min_lr)
+    done = (elapsed / tc.max_time if tc.max_time
+            else (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters))
+    return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
 
 
-# The candidates for the default recipe (part 3 of the speedrun): TrainConfig changes, a schedule in place of
-# gpt.lr_at, the training step through torch.compile (its compiling counted on the run's clock), or Muon's products
-# in another dtype than muon.products_dtype chooses.
+# The candidates for the default recipe (part 3 of the speedrun), each a change of today's default: TrainConfig
+# options, a schedule in place of gpt.lr_at, the training step through torch.compile (its compiling counted on the
+# run's clock), or Muon's products in another dtype than muon.products_dtype chooses. "the recipe before" is the
+# default before the speedrun's measurements: the embedding tied to the output layer, 100 warmup steps, a cosine.
 CANDIDATES = {
     "default": {},
-    "untied": dict(changes=dict(tie_weights=False)),
+    "the recipe before": dict(changes=dict(tie_weights=True, warmup_iters=100), lr_at=cosine_lr),
     "context 64, batch 16": dict(changes=dict(block_size=64, batch_size=16)),
-    "warmup 20": dict(changes=dict(warmup_iters=20)),
-    "flat, then cooldown": dict(lr_at=flat_then_cooldown),
     "compile": dict(compile=True),
     "Muon in bfloat16": dict(products=torch.bfloat16),
 }
@@ -661,7 +635,7 @@ real_products = muon.products_dtype
 
 def candidate_run(seconds, ids, tokenizer, candidate, **changes):
     """The default CPU run, as train.py trains it, changed as CANDIDATES[candidate] says (and by changes), for
-    `seconds` of wall time on ids; its steps and its val loss on the whole held-out split (split_loss)."""
+    `seconds` of wall time on ids; its steps and its val loss on the whole held-out split (its last evaluation's)."""
     c = CANDIDATES[candidate]
     tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                                    eval_iters=1, device="cpu"), **changes, **c.get("changes", {})})
@@ -676,7 +650,7 @@ def candidate_run(seconds, ids, tokenizer, candidate, **changes):
           unittest.mock.patch.object(muon, "products_dtype", lambda device: products or real_products(device))):
         for _ in trainer.steps():
             pass
-    return dict(iters=trainer.it, val_loss=split_loss(trainer.model.eval(), trainer.splits["val"], 64))
+    return dict(iters=trainer.it, val_loss=trainer.history[-1]["val"])
 
 
 def bench_candidates(seconds, path, candidates, rounds=3, **changes):
@@ -857,7 +831,7 @@ def measure(argv=None):
                                                         **changes)
         default = gpt.TrainConfig().optimizer
         print(f"{args.optimizers:.0f} s of training each on {args.data}, the default CPU config, one after the other; "
-              f"val loss on the same 100 val batches:")
+              f"val loss on the whole held-out split:")
         for name, run in runs.items():
             print(f"  {name:6s} {run['iters']:6d} steps {run['ms_per_iter']:6.1f} ms/step  val loss "
                   f"{run['val_loss']:.4f}" + ("  (the default)" if name == default else ""))
@@ -866,8 +840,8 @@ def measure(argv=None):
             print(f"{default} - {other}: {runs[default]['val_loss'] - runs[other]['val_loss']:+.4f}")
     elif args.variants:
         variants = ["default"] + [v for v in VARIANTS if v in (args.variant or VARIANTS) and v != "default"]
-        print(f"{args.variants:.0f} s of training each on {args.data}, one after the other; val loss on the same 100 "
-              f"val batches:")
+        print(f"{args.variants:.0f} s of training each on {args.data}, one after the other; val loss on the whole "
+              f"held-out split:")
         rows = bench_variants(args.variants, args.data, variants)
         figures["variants"] = [dict(round=r, variant=v, **run) for r, v, run in rows]
         default = {r: run["val_loss"] for r, v, run in rows if v == "default"}

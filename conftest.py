@@ -108,19 +108,24 @@ class ByteTokenizer:
 
 
 # ---------------------------------------------------------------------------------------------------- a trained run
-def signal_in_batch(monkeypatch, at):
-    """SIGTERM raised in the at-th call of gpt.Trainer.batch, where a scheduler's signal can land (a step or an
-    evaluation); returns the real Trainer.batch, to put back."""
-    real_batch, calls = gpt.Trainer.batch, []
+def signal_at(monkeypatch, at):
+    """SIGTERM raised at the at-th event of a run where a scheduler's signal can land: a call of gpt.Trainer.batch
+    (a step's batch) or of gpt.split_loss (an evaluation reads the train split, then the val split). Returns a
+    function that puts both back."""
+    real_batch, real_loss, calls = gpt.Trainer.batch, gpt.split_loss, []
 
-    def signal_in_call(self, split):
-        calls.append(split)
-        if len(calls) == at:
-            signal.raise_signal(signal.SIGTERM)
-        return real_batch(self, split)
+    def counted(real):
+        def call(*args):
+            calls.append(1)
+            if len(calls) == at:
+                signal.raise_signal(signal.SIGTERM)
+            return real(*args)
+        return call
 
-    monkeypatch.setattr(gpt.Trainer, "batch", signal_in_call)
-    return real_batch
+    monkeypatch.setattr(gpt.Trainer, "batch", counted(real_batch))
+    monkeypatch.setattr(gpt, "split_loss", counted(real_loss))
+    return lambda: (monkeypatch.setattr(gpt.Trainer, "batch", real_batch),
+                    monkeypatch.setattr(gpt, "split_loss", real_loss))
 
 
 @pytest.fixture(scope="session")

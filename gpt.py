@@ -4,7 +4,6 @@ import math
 import os
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -46,8 +45,8 @@ def check_option(f, value):
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """The model's options, Llama's block by default; GPT-2's (nanoGPT's): norm="layernorm",
-    pos="learned", mlp="gelu", bias=True. Checked when made, then frozen (dataclasses.replace)."""
+    """The model's options, Llama's block by default (GPT-2's: norm="layernorm", pos="learned",
+    mlp="gelu", bias=True, tie_weights=True). Checked when made, then frozen."""
     vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
     block_size: int = option(128, 1, math.inf, help="The context: the most tokens read at once.")
     n_layer: int = option(4, 1, math.inf, help="Transformer blocks.")
@@ -55,7 +54,7 @@ class GPTConfig:
     n_embd: int = option(128, 1, math.inf, help="Width of the residual stream.")
     dropout: float = option(0.0, 0, 1, help="Dropout probability.")
     bias: bool = option(False, help="Biases in the linear layers and LayerNorm.")
-    tie_weights: bool = option(True, help="Share the token embedding with the output layer.")
+    tie_weights: bool = option(False, help="Share the token embedding with the output layer.")
     norm: str = option("rmsnorm", "rmsnorm", "layernorm", help="RMSNorm or LayerNorm.")
     pos: str = option("rope", "rope", "learned", help="Rotary or learned position embeddings.")
     mlp: str = option("swiglu", "swiglu", "gelu", help="SwiGLU or GELU's MLP.")
@@ -143,12 +142,10 @@ class CausalSelfAttention(nn.Module):
     def heads(self, x, rope=None):
         """q, k and v of x (B, T, C), (B, nh, T, hs) each; q and k turned by rope's (cos, sin)."""
         # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
-        q = self.c_q(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.c_k(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)
-        v = self.c_v(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2)
-        if rope is None:
-            return q, k, v
-        return rope_forward(q, *rope), rope_forward(k, *rope), v
+        maps = (self.c_q, self.c_k, self.c_v)
+        # (B, nh, T, hs) each
+        q, k, v = (m(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2) for m in maps)
+        return (q, k, v) if rope is None else (rope_forward(q, *rope), rope_forward(k, *rope), v)
 
 
 class MLP(nn.Module):
@@ -299,7 +296,8 @@ CHECKPOINT = "ckpt.pt"
 
 
 def save_checkpoint(ckpt, path):
-    """Writes path.tmp to the disk, then renames it to path: a crash leaves the last one whole."""
+    """Writes path.tmp to the disk, then renames it to path: a crash leaves a whole checkpoint, this
+    one or, where the system had not yet written the rename, the one before."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -311,11 +309,6 @@ def save_checkpoint(ckpt, path):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    # The rename is on the disk once the folder is (Windows cannot open a folder).
-    if os.name != "nt":
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
 
 
 def load_checkpoint(path, device=None):
@@ -341,7 +334,7 @@ class TrainConfig(GPTConfig):
     grad_accum: int = option(1, 1, math.inf, help="Micro-batches per optimizer step.")
     learning_rate: float = option(3e-3, 1e-9, 1, help="Peak learning rate (AdamW's).")
     min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
-    warmup_iters: int = option(100, 0, math.inf, help="Steps of linear warmup.")
+    warmup_iters: int = option(20, 0, math.inf, help="Steps of linear warmup.")
     weight_decay: float = option(0.1, 0, math.inf, help="Weight decay, on matrices only.")
     beta2: float = option(0.99, 0, 1, help="AdamW's beta2: a shorter memory suits small batches.")
     optimizer: str = option("muon", "muon", "adamw", help="Muon and AdamW, or AdamW alone.")
@@ -381,15 +374,17 @@ def configure_optimizers(model, tc, device_type="cpu"):
 
 
 def lr_at(tc, it, elapsed):
-    """Linear warmup, then cosine decay to min_lr over the steps, or the seconds with max_time."""
+    """Linear warmup, then the peak rate held, then a straight line down to min_lr over the last 60%
+    of the steps, or of the seconds with max_time."""
     if it < tc.warmup_iters:
         return tc.learning_rate * (it + 1) / tc.warmup_iters
-    done = (elapsed / tc.max_time if tc.max_time
-            else (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters))
-    return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
+    done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
+    # Held high, the rate learns fast; cooled, the weights settle (it beat a cosine at equal time).
+    left = min(1.0, max(0.0, (1 - done) / 0.6))
+    return tc.min_lr + left * (tc.learning_rate - tc.min_lr)
 
 
-def train_step(model, optimizers, batches, grad_clip=0.0, amp=nullcontext()):
+def train_step(model, optimizers, batches, grad_clip=0.0, amp=torch.autocast("cpu", enabled=False)):
     """One step of each optimizer on the mean loss of micro-batches [(x, y), ...]; returns it."""
     mean_loss = 0.0
     for x, y in batches:
@@ -412,16 +407,36 @@ def split(data):
     return {"train": data[:n], "val": data[n:]}
 
 
+@torch.no_grad()
+def split_loss(model, data, batch_size):
+    """The mean loss of model (in eval mode) over data, every id after the first predicted once, in
+    windows of its context back to back, batch_size a forward: the same for the same weights."""
+    T = model.config.block_size
+    total = 0.0
+    for i in range(0, len(data) - 1, batch_size * T):
+        xy = torch.as_tensor(data[i:i + batch_size * T + 1]).long().to(model.lm_head.weight.device)
+        # The last window is padded: causal attention hides the padding from the tokens before it,
+        # and cross_entropy leaves out targets -100.
+        x, y = (F.pad(t, (0, -len(t) % T), value=-100).view(-1, T) for t in (xy[:-1], xy[1:]))
+        total += model(x.clamp(min=0), y)[1].item() * (y >= 0).sum().item()
+    return total / (len(data) - 1)
+
+
 class Trainer:
     """A run: the model, its optimizers, the data, where the run stands. data is a text (encoded by
     tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
-    def __init__(self, tc, data, tokenizer=None, model=None, log=print):
+    def __init__(self, tc, data, tokenizer=None, model=None, log=print, owner=False):
         if tc.out_dir:
             # An out_dir that cannot take a checkpoint fails here, an OSError naming it, not at the
             # first save: the folder is made and takes a file with no name (on Linux), no one's.
             os.makedirs(tc.out_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=tc.out_dir).close()
+            # Never over another run's checkpoint, nor into a folder train.py's lock keeps (owner:
+            # the caller holds the lock and has checked the checkpoint there, as train.py does).
+            taken = sorted({CHECKPOINT, "train.lock"} & set(os.listdir(tc.out_dir)))
+            if taken and not owner:
+                raise ValueError(f"{tc.out_dir} has another run's {taken[0]}: pass another out_dir")
         self.tc = tc
         self.log = log
         self.device = get_device(tc.device)
@@ -429,9 +444,8 @@ class Trainer:
             tokenizer = tokenizer or CharTokenizer(data)
             data = tokenizer.encode(data)
         # A tensor, an array or a memmap stays as it is, read a batch at a time; a list becomes one.
-        data = data if hasattr(data, "__array__") else torch.tensor(data)
+        self.splits = split(data if hasattr(data, "__array__") else torch.tensor(data))
         self.tokenizer = tokenizer
-        self.splits = split(data)
         # The seed sets the initial weights and, in training, dropout's masks.
         torch.manual_seed(tc.seed)
         vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
@@ -483,25 +497,21 @@ class Trainer:
             self.elapsed = time.time() - t0
             yield self
             if self.it % tc.eval_interval == 0 or self.done():
-                self.evaluate()
+                self.evaluate(whole=self.done())
                 self.save()
 
-    @torch.no_grad()
-    def evaluate(self):
-        """The mean loss of eval_iters batches of each split, logged and kept in history."""
+    def evaluate(self, whole=False):
+        """The loss of each split's first eval_iters batches of windows, logged and kept in history;
+        with whole (at the end of a run), the val loss is of every held-out token."""
         self.model.eval()
-        n = self.tc.eval_iters
+        # The same windows at every evaluation, so that the curve shows the model, not the draw.
+        n = self.tc.eval_iters * self.tc.batch_size * self.tc.block_size
         with self.amp:
-            # Batch by batch, each loss read before the next batch: the memory of one.
-            losses = {split: sum(self.model(*self.batch(split))[1].item() for _ in range(n)) / n
-                      for split in self.splits}
+            losses = {name: split_loss(self.model, ids if whole and name == "val" else ids[:n + 1],
+                                       self.tc.batch_size) for name, ids in self.splits.items()}
         self.model.train()
         self.history.append(dict(iter=self.it, seconds=self.elapsed, lr=self.lr, **losses))
-        line = f"iter {self.it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-        # A character model's loss in bits per character, the unit such results are published in.
-        if isinstance(self.tokenizer, CharTokenizer):
-            line += f" ({losses['val'] / math.log(2):.3f} bits per character)"
-        self.log(line)
+        self.log(f"iter {self.it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
 
     def save(self):
         """Writes out_dir/ckpt.pt ("": none): all a resume needs, and never weights NaN or inf."""

@@ -49,7 +49,7 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
-    tie_weights: bool = True
+    tie_weights: bool = False
     # or "layernorm"
     norm: str = "rmsnorm"
     # or "learned"

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cli
 import gpt
@@ -428,8 +429,7 @@ def test_training_writes_a_checkpoint_that_loads_with_identical_logits(tmp_path)
     _, history = gpt.train(tiny_train_config(tmp_path), TEXT, log=log.append)
     assert [h["iter"] for h in history] == [4, 8]
     assert all(h["lr"] > 0 and h["seconds"] > 0 for h in history)
-    assert log == [f"iter {h['iter']}: train loss {h['train']:.4f}, val loss {h['val']:.4f} "
-                   f"({h['val'] / math.log(2):.3f} bits per character)" for h in history]
+    assert log == [f"iter {h['iter']}: train loss {h['train']:.4f}, val loss {h['val']:.4f}" for h in history]
     model, tok, ckpt = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu")
     assert ckpt["iter"] == 8 and tok.chars == "".join(sorted(set(TEXT))) and not model.training
     assert ckpt["history"] == history and ckpt["tokenizer"] is None  # a CharTokenizer is recorded by its chars
@@ -454,6 +454,71 @@ def test_the_held_out_split_is_the_last_tenth_of_the_tokens():
     trainer = gpt.Trainer(gpt.TrainConfig(out_dir="", block_size=16, vocab_size=7, device="cpu"), ids)
     assert len(trainer.splits["train"]) == 900 and torch.equal(trainer.splits["val"], ids[900:])
     assert trainer.model.config.vocab_size == 7 and trainer.tokenizer is None
+
+
+@pytest.mark.parametrize("length", [2, 17, 40, 61])
+def test_the_whole_split_loss_predicts_every_id_after_the_first_once(length):
+    model = tiny_model().eval()
+    T = model.config.block_size
+    ids = torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(length))
+    # Window by window, unpadded, unbatched: the sum of the losses of every id after the first, each once.
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, length - 1, T):
+            x, y = ids[start:start + T], ids[start + 1:start + T + 1]
+            logits, _ = model(x[:len(y)][None])
+            total += F.cross_entropy(logits[0], y, reduction="sum").item()
+    for batch_size in (1, 2, 3):
+        assert gpt.split_loss(model, ids, batch_size) == pytest.approx(total / (length - 1), rel=1e-5)
+    assert gpt.split_loss(model, ids.numpy().astype(np.uint16), 2) == pytest.approx(total / (length - 1), rel=1e-5)
+
+
+def test_evaluations_read_the_same_windows_each_time_and_the_last_reads_every_held_out_token(tmp_path):
+    tc = tiny_train_config(tmp_path, out_dir="", max_iters=6, eval_interval=3, eval_iters=2)
+    trainer = gpt.Trainer(tc, TEXT, log=quiet)
+    n = tc.eval_iters * tc.batch_size * tc.block_size
+    model = trainer.model
+    # The same weights give the same losses twice, whatever the run's own batches drew in between.
+    trainer.evaluate()
+    trainer.batch("train")
+    trainer.evaluate()
+    first, second = trainer.history
+    assert first["train"] == second["train"] and first["val"] == second["val"]
+    # Those are the first eval_iters batches of windows of each split, back to back: fixed, not drawn.
+    for name in ("train", "val"):
+        assert first[name] == pytest.approx(gpt.split_loss(model.eval(), trainer.splits[name][:n + 1], 4), rel=1e-6)
+    assert len(trainer.splits["val"]) > 2 * (n + 1)  # so that the whole split is another number
+    for _ in trainer.steps():
+        pass
+    during, end = trainer.history[2:]
+    assert [during["iter"], end["iter"]] == [3, 6]
+    model.eval()
+    assert end["val"] == pytest.approx(gpt.split_loss(model, trainer.splits["val"], 4), rel=1e-6)
+    assert end["val"] != gpt.split_loss(model, trainer.splits["val"][:n + 1], 4)
+    assert end["train"] == pytest.approx(gpt.split_loss(model, trainer.splits["train"][:n + 1], 4), rel=1e-6)
+
+
+def test_a_trainer_writes_over_no_other_runs_checkpoint_nor_into_a_folder_a_run_trains_in(tmp_path, monkeypatch):
+    tc = tiny_train_config(tmp_path, max_iters=2, eval_interval=1)
+    gpt.train(tc, TEXT, log=quiet)  # saves its own checkpoint twice
+    path = tmp_path / "out" / "ckpt.pt"
+    before = path.read_bytes()
+    steps = []
+    monkeypatch.setattr(gpt, "train_step", lambda *args: steps.append(1))
+    # The README's own example, run again: the first run's checkpoint stays.
+    with pytest.raises(ValueError, match=rf"^{re.escape(tc.out_dir)} has another run's ckpt.pt: pass another out_dir$"):
+        gpt.train(tc, TEXT, log=quiet)
+    assert path.read_bytes() == before and steps == []
+    # train.py's lock, there before its first checkpoint; a checkpoint that is a folder or a link counts too.
+    for name, make in (("train.lock", lambda p: p.write_text("process 1 on a host\n")), ("ckpt.pt", os.mkdir),
+                       ("ckpt.pt", lambda p: os.symlink(tmp_path / "nowhere", p))):
+        folder = tmp_path / f"run{len(os.listdir(tmp_path))}"
+        folder.mkdir()
+        make(folder / name)
+        with pytest.raises(ValueError, match=rf"has another run's {re.escape(name)}: "):
+            gpt.Trainer(replace(tc, out_dir=str(folder)), TEXT, log=quiet)
+    # The caller that holds the folder's lock and has resumed or refused its checkpoint, as train.py does.
+    assert gpt.Trainer(tc, TEXT, log=quiet, owner=True).tc.out_dir == tc.out_dir
 
 
 def test_an_out_dir_that_names_a_file_fails_before_the_first_step(tmp_path, monkeypatch):
@@ -524,7 +589,7 @@ def test_the_trainer_makes_a_missing_folder_and_its_saves_land_there(tmp_path):
     assert torch.load(tmp_path / "not" / "yet" / "ckpt.pt", weights_only=True)["iter"] == 0
 
 
-def test_save_checkpoint_puts_the_file_on_the_disk_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+def test_save_checkpoint_puts_the_file_on_the_disk_before_the_rename(tmp_path, monkeypatch):
     events = []
     real_fsync = os.fsync
     real_replace = os.replace
@@ -541,8 +606,8 @@ def test_save_checkpoint_puts_the_file_on_the_disk_before_the_rename_and_the_fol
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     gpt.save_checkpoint({"a": torch.ones(3)}, str(tmp_path / "ckpt.pt"))
-    folder = [] if os.name == "nt" else [("fsync", "folder")]  # Windows cannot open a folder
-    assert events == [("fsync", "file"), ("replace", "ckpt.pt.tmp", "ckpt.pt"), *folder]
+    # Written whole before it takes the name: a crash leaves this checkpoint or the one before, both whole.
+    assert events == [("fsync", "file"), ("replace", "ckpt.pt.tmp", "ckpt.pt")]
     assert torch.equal(torch.load(tmp_path / "ckpt.pt", weights_only=True)["a"], torch.ones(3))
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
@@ -609,19 +674,23 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path):
     ids = np.memmap(path, dtype=np.uint16, mode="r")
 
     class Counted:
-        """The memmap, counting the ids each read takes from it; a slice is a view, which reads none."""
-        def __init__(self, ids):
+        """The memmap, counting the ids each read takes from it; a slice is a view, which reads none until it is
+        read as an array."""
+        def __init__(self, ids, whole=True):
             self.ids = ids
+            self.whole = whole
 
         def __array__(self, *args, **kwargs):
-            raise AssertionError("the memmap was read whole")
+            assert not self.whole, "the memmap was read whole"
+            read.append(len(self.ids))
+            return np.asarray(self.ids, *args, **kwargs)
 
         def __len__(self):
             return len(self.ids)
 
         def __getitem__(self, index):
             if isinstance(index, slice):
-                return Counted(self.ids[index])
+                return Counted(self.ids[index], whole=False)
             read.append(np.asarray(index).size)
             return self.ids[index]
 
@@ -629,8 +698,9 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path):
     tc = tiny_train_config(tmp_path, vocab_size=300, max_iters=4, eval_interval=4)
     model, history = gpt.train(tc, Counted(ids), log=quiet)
     assert model.config.vocab_size == 300 and history[-1]["val"] < math.log(300) + 0.5
-    # A batch at a time: the memmap was never converted whole.
-    assert set(read) == {tc.batch_size * (tc.block_size + 1)}
+    # A batch at a time, to train and to evaluate: the memmap was never converted whole.
+    batch = tc.batch_size * (tc.block_size + 1)
+    assert read.count(batch) >= 4 and max(read) <= batch and sum(read) < 2 * len(ids)
 
 
 def test_a_list_of_ids_as_encode_returns_them_trains(tmp_path):

@@ -21,7 +21,10 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     trained = run_cli("train.py", *tiny_flags(tmp_path))
     assert trained.returncode == 0 and trained.stderr == "", trained.stderr
     assert "what context buys" in trained.stdout and (tmp_path / "out" / "ckpt.pt").exists()
-    assert re.search(r"val loss [\d.]+ \([\d.]+ bits per character\)", trained.stdout)
+    # The run's last line of figures: the whole held-out split's loss, in bits per character too.
+    held_out = len(gpt.split(TEXT)["val"]) - 1
+    assert re.search(rf"\nval loss [\d.]+ on the whole held-out split \({held_out:,} tokens\), [\d.]+ bits per "
+                     rf"character\n", trained.stdout), trained.stdout
     sampled = run_cli("sample.py", f"--out_dir={tmp_path / 'out'}", "--temperature", "0.8", "--max_new_tokens", "40",
                       "--start", "ROMEO", "--num_samples", "2")
     assert sampled.returncode == 0, sampled.stderr

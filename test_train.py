@@ -18,7 +18,7 @@ import report
 import sample
 import train
 from conftest import (HERE, TEXT, HANG, tiny_train_config, tiny_flags, quiet, run_cli, one_line_error, ByteTokenizer,
-                      hand_made, set_in, signal_in_batch)
+                      hand_made, set_in, signal_at)
 
 
 # ---------------------------------------------------------------------------------------------------- runs and resumes
@@ -103,7 +103,7 @@ def test_ctrl_c_saves_and_resume_continues_exactly_with_either_optimizer(tmp_pat
 
     def ctrl_c_in_step_six(self, split):
         train_batches.append(split == "train")
-        if sum(train_batches) == 6 + 2 and split == "train":  # six steps' and an evaluation's two
+        if sum(train_batches) == 6 and split == "train":  # the sixth step's (evaluations read no batch)
             signal.raise_signal(signal.SIGINT)
         return real_batch(self, split)
 
@@ -163,8 +163,8 @@ def test_a_signal_in_the_closing_phase_is_honoured_with_its_exit_status(tmp_path
     flags = tiny_flags(tmp_path)
     if where == "last evaluation":
         real = gpt.Trainer.evaluate
-        monkeypatch.setattr(gpt.Trainer, "evaluate", lambda self: (self.it == 8 and signal.raise_signal(
-            signal.SIGTERM), real(self))[1])
+        monkeypatch.setattr(gpt.Trainer, "evaluate", lambda self, whole=False: (self.it == 8 and signal.raise_signal(
+            signal.SIGTERM), real(self, whole))[1])
     else:
         name = "loss_by_position" if where == "report" else "closing_sample"
         monkeypatch.setattr(report, name, lambda *args: signal.raise_signal(signal.SIGTERM))
@@ -350,15 +350,15 @@ def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys,
                                    "during the evaluation"])
 def test_resume_is_exact_wherever_the_signal_lands(tmp_path, monkeypatch, where):
     # Bit for bit within one machine and one process, as docs/reference.md promises.
-    tc = tiny_train_config(tmp_path, dropout=0.1)  # eval_interval 4, eval_iters 2: steps 1-4, 4 eval batches, ...
+    tc = tiny_train_config(tmp_path, dropout=0.1)  # eval_interval 4: steps 1-4, an evaluation's two splits, ...
     straight, _ = train.run(replace(tc, out_dir=str(tmp_path / "straight")), TEXT, quiet)
-    # The call of Trainer.batch the signal comes in: in step 3, in step 4, or in the evaluation after step 4.
+    # The event the signal comes in: in step 3, in step 4, or in the evaluation after step 4 (its val split).
     at = {"in the step before an evaluation": 3, "in the step an evaluation follows": 4,
           "during the evaluation": 6}[where]
-    real_batch = signal_in_batch(monkeypatch, at)
+    put_back = signal_at(monkeypatch, at)
     first, stopped = train.run(tc, TEXT, quiet)
     assert stopped == signal.SIGTERM and first.it == min(at, 4)
-    monkeypatch.setattr(gpt.Trainer, "batch", real_batch)
+    put_back()
     second, stopped = train.run(tc, TEXT, quiet, resume=True)
     unclocked = lambda history: [{k: v for k, v in h.items() if k != "seconds"} for h in history]
     assert stopped is None and [h["iter"] for h in second.history] == [4, 8]
@@ -370,22 +370,22 @@ def test_resume_is_exact_wherever_the_signal_lands(tmp_path, monkeypatch, where)
 @pytest.mark.parametrize("where", ["in the last step", "during the last evaluation"])
 def test_a_run_stopped_in_its_last_step_or_evaluation_ends_on_resume_as_it_would_have(tmp_path, monkeypatch, capsys,
                                                                                         where):
-    flags = tiny_flags(tmp_path)  # max_iters 8, eval_interval 4, eval_iters 2: 4 steps, 4 eval batches, 4 steps, ...
-    at = {"in the last step": 12, "during the last evaluation": 14}[where]  # the call of Trainer.batch
-    real_batch = signal_in_batch(monkeypatch, at)
+    flags = tiny_flags(tmp_path)  # max_iters 8, eval_interval 4: 4 steps, an evaluation's two splits, 4 steps, ...
+    at = {"in the last step": 10, "during the last evaluation": 12}[where]  # the event, as signal_at counts them
+    put_back = signal_at(monkeypatch, at)
     with pytest.raises(SystemExit) as exit_info:
         train.main(flags)
     assert exit_info.value.code == 143
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 8
     assert not (tmp_path / "out" / "report.html").exists()
-    monkeypatch.setattr(gpt.Trainer, "batch", real_batch)
+    put_back()
     capsys.readouterr()
     train.main([*flags, "--resume"])
     out = capsys.readouterr().out
     assert "nothing to train" not in out, out
     # The evaluation, what context buys, the sample and the report, as a run that was never stopped ends.
-    assert re.search(r"iter 8: train loss [\d.]+, val loss [\d.]+ .*\nsaved iteration 8 to .*\nwhat context buys: "
-                     r".*\nreport: .*report\.html", out, re.S), out
+    assert re.search(r"iter 8: train loss [\d.]+, val loss [\d.]+\nsaved iteration 8 to .*\nval loss [\d.]+ on the "
+                     r"whole held-out split .*\nwhat context buys: .*\nreport: .*report\.html", out, re.S), out
     assert [h["iter"] for h in torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["history"]] == [4, 8]
     assert (tmp_path / "out" / "report.html").exists()
     capsys.readouterr()

@@ -9,6 +9,7 @@ import sys
 try:
     import contextlib
     import dataclasses
+    import math
     import signal
     import threading
 
@@ -126,7 +127,8 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
     options = {**dataclasses.asdict(tc), **implied, "vocab_size": vocab_size, "device": device}
     tc = gpt.TrainConfig(**{**options, **distributed.process_options(options, rank)})
     data.check_fits(ids, tc.vocab_size, tc.block_size)
-    trainer = gpt.Trainer(tc, ids, tokenizer, model and model.train(), log)
+    # This process holds out_dir's lock, and resumes its checkpoint or refuses it (check_new).
+    trainer = gpt.Trainer(tc, ids, tokenizer, model and model.train(), log, owner=True)
     # Muon's products batched by the matrices' shapes: the same update, a faster step.
     trainer.optimizers = muon.batched(trainer.optimizers)
     if resume:
@@ -234,7 +236,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
             elif checkpoint.evaluation_pending(trainer):
                 # The learning rate of the step before, which the evaluation records.
                 trainer.lr = gpt.lr_at(tc, trainer.it - 1, trainer.elapsed)
-                trainer.evaluate()
+                trainer.evaluate(whole=trainer.done())
                 trainer.save()
             for _ in trainer.steps():
                 progress.step()
@@ -304,6 +306,13 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
     # The report shows the evaluations: a run stopped before its first has none to show.
     if not trainer.history:
         return None
+    # The last evaluation's val loss is of every held-out token: the run's figure. A character
+    # model's also in bits per character, the unit such results are published in.
+    val = trainer.history[-1]["val"]
+    chars = isinstance(trainer.tokenizer, gpt.CharTokenizer)
+    bits = f", {val / math.log(2):.3f} bits per character" if chars else ""
+    log(f"val loss {val:.4f} on the whole held-out split ({len(trainer.splits['val']) - 1:,} "
+        f"tokens){bits}")
     try:
         figures = dict(tokens_per_step=tokens_per_step, processes=world)
         page = report.make(trainer.model, trainer.tokenizer, trainer.history,
