@@ -588,7 +588,7 @@ def zero_c_proj(config):
 # against it, and the default stepped with torch's Muon, against muon.py's batched step.
 VARIANTS = {"default": gpt.GPT, "torch.optim.Muon": gpt.GPT, "relu squared": relu_squared, "qk-norm": qk_norm,
             "zero c_proj": zero_c_proj,
-            "untied": lambda config: gpt.GPT(dataclasses.replace(config, tie_weights=False))}
+            "tied": lambda config: gpt.GPT(dataclasses.replace(config, tie_weights=True))}
 
 
 def bench_variants(seconds, path, variants=tuple(VARIANTS), rounds=2):

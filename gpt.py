@@ -414,7 +414,9 @@ def split_loss(model, data, batch_size):
     T = model.config.block_size
     total = 0.0
     for i in range(0, len(data) - 1, batch_size * T):
-        xy = torch.as_tensor(data[i:i + batch_size * T + 1]).long().to(model.lm_head.weight.device)
+        # Read by index, as batch() reads: a copy of these ids (a memmap's slice is read-only).
+        pos = torch.arange(i, min(i + batch_size * T + 1, len(data)))
+        xy = torch.as_tensor(data[pos]).long().to(model.lm_head.weight.device)
         # The last window is padded: causal attention hides the padding from the tokens before it,
         # and cross_entropy leaves out targets -100.
         x, y = (F.pad(t, (0, -len(t) % T), value=-100).view(-1, T) for t in (xy[:-1], xy[1:]))
