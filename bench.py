@@ -9,6 +9,8 @@
     python bench.py --profile                   # where a training and a decode step's time goes
     python bench.py --quality 140 --data tinyshakespeare.txt   # val loss after 140 s of training
     python bench.py --optimizers 90             # AdamW and Muon at equal wall time, one after the other
+    python bench.py --candidates 75 --data tinyshakespeare.txt  # the default beside each candidate recipe,
+                                                # three alternating rounds, whole-split val loss
     python bench.py --json bench.json           # also write the figures, machine-readable
 
 A machine may be shared and drift in speed, so whatever is compared is timed interleaved, in rounds, and each figure

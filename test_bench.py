@@ -181,6 +181,47 @@ def test_every_variant_of_the_default_block_trains(name):
     assert torch.isfinite(loss) and all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
 
 
+def test_each_candidate_recipe_trains_as_it_says_in_alternating_rounds(tmp_path, monkeypatch):
+    (tmp_path / "text.txt").write_text(TEXT[:12_000], encoding="utf-8")
+    seen = []
+    real_steps = gpt.Trainer.steps
+
+    def steps(trainer):  # what each run trains with: its options, gpt.lr_at as patched, Muon's products
+        seen.append((trainer.tc.tie_weights, trainer.tc.warmup_iters, trainer.tc.max_time, gpt.lr_at,
+                     muon.products_dtype(torch.device("cpu"))))
+        return real_steps(trainer)
+
+    monkeypatch.setattr(gpt.Trainer, "steps", steps)
+    names = ["default", "the recipe before", "Muon in bfloat16"]
+    rows = bench.bench_candidates(0.3, str(tmp_path / "text.txt"), names, rounds=2)
+    assert [(r, c) for r, c, _ in rows] == [(1, n) for n in names] + [(2, n) for n in reversed(names)]
+    assert all(run["iters"] >= 1 and math.isfinite(run["val_loss"]) for _, _, run in rows)
+    default = (False, 20, 0.3, gpt.lr_at, muon.products_dtype(torch.device("cpu")))
+    assert seen[:3] == [default, (True, 100, 0.3, bench.cosine_lr, default[4]), (*default[:4], torch.bfloat16)]
+    assert gpt.lr_at is default[3] and muon.products_dtype is bench.real_products  # put back after each run
+    # The last evaluation, which the rows give, read the whole held-out split.
+    assert all(run["val_loss"] > 0 for _, _, run in rows)
+
+
+@pytest.mark.parametrize("flags, match", [(["--candidate", "compile"], "--candidate goes with --candidates"),
+                                         (["--candidates", "0"], "must be in (0, 1e6), got 0"),
+                                         (["--candidates", "1", "--candidate", "nope"], "invalid choice: 'nope'")])
+def test_the_candidates_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(flags)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and match in err and err.count("\n") <= 2, err
+
+
+def test_the_recipe_before_is_the_cosine_that_gpt_py_had():
+    tc = gpt.TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=110)
+    assert bench.cosine_lr(tc, 0, 0.0) == pytest.approx(1e-4) and bench.cosine_lr(tc, 9, 0.0) == pytest.approx(1e-3)
+    assert bench.cosine_lr(tc, 60, 0.0) == pytest.approx(5.5e-4) and bench.cosine_lr(tc, 110, 0.0) == pytest.approx(1e-4)
+    # gpt.lr_at now holds the peak until 40% of the steps, then falls in a straight line to min_lr.
+    assert gpt.lr_at(tc, 40, 0.0) == pytest.approx(1e-3) and gpt.lr_at(tc, 77, 0.0) == pytest.approx(5.5e-4, rel=0.05)
+    assert gpt.lr_at(tc, 110, 0.0) == pytest.approx(1e-4)
+
+
 def test_the_qk_norm_variant_norms_each_heads_query_and_key_and_is_otherwise_gpt_pys_attention():
     config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=16)
     torch.manual_seed(0)
