@@ -225,9 +225,6 @@ def drive(trainer, log, log_interval, compile, rank, world):
     ended = trainer.done() and not checkpoint.evaluation_pending(trainer)
     stop = 0
     closing = False
-    # The batches' generator as the run stood before an evaluation: a signal during one saves the
-    # run as it was before it, and --resume evaluates it first.
-    before_evaluation = trainer.generator.get_state()
     # An evaluation, whose model is in eval mode, and the report end at once on a signal.
     with signals_caught(lambda: closing or not trainer.model.training) as caught:
         try:
@@ -253,9 +250,8 @@ def drive(trainer, log, log_interval, compile, rank, world):
                 if stop:
                     trainer.save()
                     break
-                before_evaluation = trainer.generator.get_state()
         except Stopped as e:
-            return cut_short(trainer, e, len(caught) > 1, before_evaluation, log)
+            return cut_short(trainer, e, len(caught) > 1, log)
         except (OSError, RuntimeError) as e:
             raise failure(e, trainer, rank, world) from None
         # A signal during the last evaluation and save, after the last step: the save is done.
@@ -266,13 +262,13 @@ def drive(trainer, log, log_interval, compile, rank, world):
         return stop or None
 
 
-def cut_short(trainer, stopped, twice, before_evaluation, log):
+def cut_short(trainer, stopped, twice, log):
     """A second signal leaves the last checkpoint as it was; one during an evaluation saves the run
-    as it stood before it. Returns the signal."""
+    as it stood before it (an evaluation reads fixed windows, drawing no batch). Returns the
+    signal."""
     if twice:
         log(f"{stopped}, a second signal: stopped at once; the last checkpoint is as it was")
         return stopped.signum
-    trainer.generator.set_state(before_evaluation)
     trainer.save()
     log(f"{stopped}: the evaluation was cut short; saved iteration {trainer.it} to "
         f"{checkpoint.path_in(trainer.tc.out_dir)}; continue with --resume, which runs it first")
