@@ -467,8 +467,12 @@ def ours_for(seconds, ids, tokenizer, snapshots):
     tc = gpt.TrainConfig(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9, eval_iters=1,
                          device="cpu")
     data.check_fits(ids, tokenizer.vocab_size, tc.block_size)
-    trainer = gpt.Trainer(tc, ids, tokenizer, log=lambda *args: None)
-    trainer.optimizers = muon.batched(trainer.optimizers)
+    # The seed Trainer sets before it builds the default model, for a model built here.
+    torch.manual_seed(tc.seed)
+    model = c.get("model", gpt.GPT)(tc.model_config(vocab_size=tokenizer.vocab_size))
+    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
+    trainer.optimizers = muon.batched(c.get("optimizers", lambda trainer: trainer.optimizers)(trainer))
+    each_step = c.get("each_step", lambda trainer: None)
     kept = []
     for _ in trainer.steps():
         if trainer.elapsed >= (len(kept) + 1) * seconds / snapshots and not trainer.done():
@@ -619,9 +623,81 @@ def cosine_lr(tc, it, elapsed):
     return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
 
 
+def zero_head(config):
+    """The output layer starts at zero: every token equally likely, until it learns otherwise."""
+    model = gpt.GPT(config)
+    torch.nn.init.zeros_(model.lm_head.weight)
+    return model
+
+
+def embedding_rate(scale):
+    """A recipe's optimizers: gpt.configure_optimizers', the token embedding moved out of AdamW's decayed matrices
+    into an AdamW of its own, at `scale` times the learning rate (Trainer.steps scales each optimizer's own peak)."""
+    def optimizers(trainer):
+        tc = trainer.tc
+        wte = trainer.model.wte.weight
+        adamw = trainer.optimizers[0]
+        adamw.param_groups[0]["params"] = [p for p in adamw.param_groups[0]["params"] if p is not wte]
+        own = torch.optim.AdamW([wte], lr=scale * tc.learning_rate, betas=(0.9, tc.beta2),
+                                weight_decay=tc.weight_decay, fused=True)
+        return [*trainer.optimizers, own]
+    return optimizers
+
+
+def muon_momentum_warmup(trainer, start=0.85, steps=300):
+    """Muon's momentum for the next step: from `start` up to the run's muon_momentum over the first `steps`."""
+    momentum = start + min(1.0, trainer.it / steps) * (trainer.tc.muon_momentum - start)
+    for optimizer in trainer.optimizers:
+        if isinstance(optimizer, torch.optim.Muon):
+            for group in optimizer.param_groups:
+                group["momentum"] = momentum
+
+
+class X0Block(torch.nn.Module):
+    """A block whose input mixes the residual stream with x0, the token embedding, by two learned weights that
+    start at (1, 0): the block as it was, until the embedding proves worth reading again (modded-nanogpt's)."""
+
+    def __init__(self, block, x0):
+        super().__init__()
+        self.block = block
+        self.x0 = x0
+        self.lambdas = torch.nn.Parameter(torch.tensor([1.0, 0.0]))
+
+    def forward(self, x, rope=None, cache=None):
+        return self.block(self.lambdas[0] * x + self.lambdas[1] * self.x0["x"], rope, cache)
+
+
+def x0_shortcut(config):
+    """The token embedding, kept as wte computes it, mixed into every block's input (X0Block)."""
+    model = gpt.GPT(config)
+    x0 = {}
+    model.wte.register_forward_hook(lambda module, args, out: x0.update(x=out))
+    model.h = torch.nn.ModuleList(X0Block(block, x0) for block in model.h)
+    return model
+
+
+def bigram_table(config):
+    """A table of character pairs, (vocab_size + 1) x vocab_size rows from zero, added to the token embedding: the
+    row of (the token before, this token); a window's first token, with none before it in view, has a row of its
+    own."""
+    model = gpt.GPT(config)
+    V = config.vocab_size
+    model.bigram = torch.nn.Embedding((V + 1) * V, config.n_embd)
+    torch.nn.init.zeros_(model.bigram.weight)
+
+    def add_pairs(module, args, out):
+        idx = args[0]
+        before = torch.cat([torch.full_like(idx[:, :1], V), idx[:, :-1]], dim=1)  # (B, T)
+        return out + model.bigram(before * V + idx)
+
+    model.wte.register_forward_hook(add_pairs)
+    return model
+
+
 # The candidates for the default recipe (part 3 of the speedrun), each a change of today's default: TrainConfig
 # options, a schedule in place of gpt.lr_at, the training step through torch.compile (its compiling counted on the
-# run's clock), or Muon's products in another dtype than muon.products_dtype chooses. "the recipe before" is the
+# run's clock), Muon's products in another dtype than muon.products_dtype chooses, a model built otherwise, the
+# optimizers changed once built, or something set after each step. "the recipe before" is the
 # default before the speedrun's measurements: the embedding tied to the output layer, 100 warmup steps, a cosine.
 CANDIDATES = {
     "default": {},
@@ -629,6 +705,12 @@ CANDIDATES = {
     "context 64, batch 16": dict(changes=dict(block_size=64, batch_size=16)),
     "compile": dict(compile=True),
     "Muon in bfloat16": dict(products=torch.bfloat16),
+    "output layer from zero": dict(model=zero_head),
+    "embedding at 10x the rate": dict(optimizers=embedding_rate(10)),
+    "Muon momentum from 0.85": dict(each_step=muon_momentum_warmup),
+    "x0 to every block": dict(model=x0_shortcut),
+    "bigram table": dict(model=bigram_table),
+    "3 layers": dict(changes=dict(n_layer=3)),
 }
 
 
@@ -642,16 +724,21 @@ def candidate_run(seconds, ids, tokenizer, candidate, **changes):
     tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
                                    eval_iters=1, device="cpu"), **changes, **c.get("changes", {})})
     data.check_fits(ids, tokenizer.vocab_size, tc.block_size)
-    trainer = gpt.Trainer(tc, ids, tokenizer, log=lambda *args: None)
-    trainer.optimizers = muon.batched(trainer.optimizers)
+    # The seed Trainer sets before it builds the default model, for a model built here.
+    torch.manual_seed(tc.seed)
+    model = c.get("model", gpt.GPT)(tc.model_config(vocab_size=tokenizer.vocab_size))
+    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
+    trainer.optimizers = muon.batched(c.get("optimizers", lambda trainer: trainer.optimizers)(trainer))
+    each_step = c.get("each_step", lambda trainer: None)
     if c.get("compile"):
         torch._dynamo.reset()
         trainer.wrapped_model = torch.compile(trainer.model)
     products = c.get("products")
     with (unittest.mock.patch.object(gpt, "lr_at", c.get("lr_at", gpt.lr_at)),
           unittest.mock.patch.object(muon, "products_dtype", lambda device: products or real_products(device))):
+        each_step(trainer)
         for _ in trainer.steps():
-            pass
+            each_step(trainer)
     return dict(iters=trainer.it, val_loss=trainer.history[-1]["val"])
 
 
@@ -663,7 +750,7 @@ def bench_candidates(seconds, path, candidates, rounds=3, **changes):
     for r in range(rounds):
         for candidate in candidates if r % 2 == 0 else candidates[::-1]:
             rows.append((r + 1, candidate, candidate_run(seconds, ids, tokenizer, candidate, **changes)))
-            print(f"  round {r + 1} {candidate:22s} {rows[-1][2]['iters']:6d} steps  val loss "
+            print(f"  round {r + 1} {candidate:26s} {rows[-1][2]['iters']:6d} steps  val loss "
                   f"{rows[-1][2]['val_loss']:.4f}", flush=True)
     return rows
 

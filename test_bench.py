@@ -365,3 +365,50 @@ def test_the_seconds_ours_took_to_reach_nanogpts_loss_are_the_first_kept_weights
     assert bench.reached_at(trainer, kept, 9.0) == 10.0
     assert bench.reached_at(trainer, kept, 1.3) is None
     assert trainer.model.loss.item() == pytest.approx(1.4)  # the end's weights put back
+
+
+def test_the_new_candidates_change_what_they_say_and_nothing_else():
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    idx = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    plain = gpt.GPT(config)
+    builds = {name: bench.CANDIDATES[name]["model"] for name in ("output layer from zero", "x0 to every block",
+                                                                 "bigram table")}
+    models = {}
+    for name, build in builds.items():
+        torch.manual_seed(0)
+        models[name] = build(config)
+    assert not models["output layer from zero"].lm_head.weight.any()
+    # x0's weights start at (1, 0) and the pair table at zero: the default model's logits, until they learn.
+    for name in ("x0 to every block", "bigram table"):
+        assert torch.allclose(models[name](idx)[0], plain(idx)[0])
+    model = models["x0 to every block"]
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert all(block.lambdas.grad[1] != 0 for block in model.h)
+    # A row of the table moves the embedding of the positions with that pair alone: token 3 after token 5, or 7
+    # first in the window.
+    model = models["bigram table"]
+    with torch.no_grad():
+        model.bigram.weight[5 * 13 + 3] = 1.0
+        model.bigram.weight[13 * 13 + 7] = 1.0
+    idx = torch.tensor([[7, 5, 3, 3, 5, 4]])
+    moved = (model.wte(idx) - plain.wte(idx)).abs().amax(-1)[0] > 0
+    assert moved.tolist() == [True, False, True, False, False, False]
+
+
+def test_the_embedding_rate_and_momentum_candidates_set_their_optimizers(tmp_path):
+    tc = gpt.TrainConfig(out_dir="", block_size=8, n_layer=1, n_head=2, n_embd=8, max_iters=1000)
+    trainer = gpt.Trainer(tc, TEXT[:3000], log=lambda *args: None)
+    optimizers = bench.CANDIDATES["embedding at 10x the rate"]["optimizers"](trainer)
+    wte = trainer.model.wte.weight
+    assert [o.param_groups[0]["params"] for o in optimizers[2:]] == [[wte]]
+    assert optimizers[2].defaults["lr"] == 10 * tc.learning_rate
+    assert all(p is not wte for o in optimizers[:2] for g in o.param_groups for p in g["params"])
+    momentum = bench.CANDIDATES["Muon momentum from 0.85"]["each_step"]
+    seen = []
+    for it in (0, 150, 300, 3000):
+        trainer.it = it
+        momentum(trainer)
+        seen.append(trainer.optimizers[1].param_groups[0]["momentum"])
+    assert seen == pytest.approx([0.85, 0.90, 0.95, 0.95])
