@@ -945,7 +945,7 @@ def measure(argv=None):
         figures["candidates"] = [dict(round=r, candidate=c, **run) for r, c, run in rows]
         mean = {c: statistics.mean(run["val_loss"] for _, name, run in rows if name == c) for c in candidates}
         for c in candidates:
-            print(f"  {c:22s} mean {mean[c]:.4f}, minus the default's {mean[c] - mean['default']:+.4f}")
+            print(f"  {c:26s} mean {mean[c]:.4f}, minus the default's {mean[c] - mean['default']:+.4f}")
     elif args.nanogpt:
         nano = load_nanogpt(args.nanogpt)
         try:
