@@ -152,10 +152,12 @@ def split_states(trainer, saved_optimizers):
             if kept is not None:
                 state[j] = {key: value.chunk(n)[i].clone() if value.dim() else value.clone()
                             for key, value in kept.items()}
+        # Today's groups (the embedding's apart), their parameters numbered in today's order:
+        # restore() keeps the trainer's hyperparameters and reads only these numbers of them.
         sizes = [len(group["params"]) for group in optimizer.param_groups]
         starts = [sum(sizes[:g]) for g in range(len(sizes))]
         groups = [{**group, "params": list(range(start, start + size))}
-                  for group, start, size in zip(saved["param_groups"], starts, sizes)]
+                  for group, start, size in zip(optimizer.state_dict()["param_groups"], starts, sizes)]
         out.append({"state": state, "param_groups": groups})
     return out
 
@@ -188,6 +190,9 @@ def recorded_options(ckpt, path, advice):
                              f"is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
         options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
+    # A run recorded before the embedding had a rate of its own goes on at the rate it had.
+    if "learning_rate" in options and "embedding_lr" not in recorded:
+        options["embedding_lr"] = options["learning_rate"]
     return options
 
 

@@ -49,7 +49,7 @@ class GPTConfig:
     mlp="gelu", bias=True, tie_weights=True). Checked when made, then frozen."""
     vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
     block_size: int = option(128, 1, math.inf, help="The context: the most tokens read at once.")
-    n_layer: int = option(4, 1, math.inf, help="Transformer blocks.")
+    n_layer: int = option(3, 1, math.inf, help="Transformer blocks.")
     n_head: int = option(4, 1, math.inf, help="Attention heads.")
     n_embd: int = option(128, 1, math.inf, help="Width of the residual stream.")
     dropout: float = option(0.0, 0, 1, help="Dropout probability.")
@@ -333,6 +333,7 @@ class TrainConfig(GPTConfig):
     batch_size: int = option(8, 1, math.inf, help="Sequences per micro-batch.")
     grad_accum: int = option(1, 1, math.inf, help="Micro-batches per optimizer step.")
     learning_rate: float = option(3e-3, 1e-9, 1, help="Peak learning rate (AdamW's).")
+    embedding_lr: float = option(0.03, 1e-9, 1, help="The token embedding's peak rate, if untied.")
     min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
     warmup_iters: int = option(20, 0, math.inf, help="Steps of linear warmup.")
     weight_decay: float = option(0.1, 0, math.inf, help="Weight decay, on matrices only.")
@@ -340,6 +341,7 @@ class TrainConfig(GPTConfig):
     optimizer: str = option("muon", "muon", "adamw", help="Muon and AdamW, or AdamW alone.")
     muon_lr: float = option(0.01, 1e-9, 1, help="Muon's peak learning rate, on the same schedule.")
     muon_momentum: float = option(0.95, 0, 1, help="Muon's momentum (at 1, nothing would move).")
+    muon_momentum_start: float = option(0.85, 0, 1, help="It rises from this by 0.1 per 300 steps.")
     grad_clip: float = option(1.0, 0, math.inf, help="Clip the gradient norm to this (0: off).")
     seed: int = option(1337, 0, 2 ** 32, help="Seed of the initial weights, the batches, dropout.")
     device: str = option("", help='cpu, cuda, cuda:N or mps ("": the best available).')
@@ -359,11 +361,15 @@ def configure_optimizers(model, tc, device_type="cpu"):
     # Muon moves all of a matrix's directions alike; wte and lm_head, a row per token, keep AdamW.
     blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
     muon = blocks if tc.optimizer == "muon" else []
+    # A row of the embedding moves only when its token is read: it learns faster at a higher rate.
+    embedding = [] if model.config.tie_weights else [model.wte.weight]
     # Decay pulls matrices toward zero; on gains and biases it would only fight the norms. Muon's
     # matrices are known by id, as == compares tensors by value.
-    matrices = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in set(map(id, muon))]
+    apart = set(map(id, muon + embedding))
+    matrices = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in apart]
     vectors = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": matrices, "weight_decay": tc.weight_decay}, {"params": vectors}]
+    groups = [{"params": embedding, "lr": tc.embedding_lr, "weight_decay": tc.weight_decay},
+              {"params": matrices, "weight_decay": tc.weight_decay}, {"params": vectors}]
     # fused: one kernel for all the tensors, on CPU and CUDA.
     optimizers = [torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(0.9, tc.beta2),
                                     weight_decay=0.0, fused=device_type in ("cuda", "cpu"))]
@@ -487,10 +493,16 @@ class Trainer:
         t0 = time.time() - self.elapsed
         while not self.done():
             self.lr = lr_at(tc, self.it, self.elapsed)
-            # One schedule for both, each from its peak: learning_rate for AdamW, muon_lr for Muon.
+            # One schedule for all, each group from its peak: learning_rate, embedding_lr, muon_lr.
             for optimizer in self.optimizers:
                 for group in optimizer.param_groups:
-                    group["lr"] = optimizer.defaults["lr"] * self.lr / tc.learning_rate
+                    peak = group.setdefault("initial_lr", group["lr"])
+                    group["lr"] = peak * self.lr / tc.learning_rate
+                    if "momentum" in group:
+                        # Muon's momentum rises to muon_momentum by 0.1 per 300 steps: a shorter
+                        # memory while the weights move fast.
+                        start = tc.muon_momentum_start
+                        group["momentum"] = min(tc.muon_momentum, start + self.it / 3000)
             batches = [self.batch("train") for _ in range(tc.grad_accum)]
             model = self.wrapped_model
             self.loss = train_step(model, self.optimizers, batches, tc.grad_clip, self.amp)

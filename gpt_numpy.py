@@ -44,7 +44,7 @@ import numpy as np
 class GPTConfig:
     vocab_size: int = 65
     block_size: int = 128
-    n_layer: int = 4
+    n_layer: int = 3
     n_head: int = 4
     n_embd: int = 128
     dropout: float = 0.0

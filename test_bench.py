@@ -187,18 +187,20 @@ def test_each_candidate_recipe_trains_as_it_says_in_alternating_rounds(tmp_path,
     real_steps = gpt.Trainer.steps
 
     def steps(trainer):  # what each run trains with: its options, gpt.lr_at as patched, Muon's products
-        seen.append((trainer.tc.tie_weights, trainer.tc.warmup_iters, trainer.tc.max_time, gpt.lr_at,
+        seen.append((trainer.tc.tie_weights, trainer.tc.warmup_iters, trainer.tc.n_layer, trainer.tc.embedding_lr,
+                     trainer.tc.muon_momentum_start, trainer.tc.max_time, gpt.lr_at,
                      muon.products_dtype(torch.device("cpu"))))
         return real_steps(trainer)
 
     monkeypatch.setattr(gpt.Trainer, "steps", steps)
-    names = ["default", "the recipe before", "Muon in bfloat16"]
+    names = ["default", "the recipe before", "before the second round", "Muon in bfloat16"]
     rows = bench.bench_candidates(0.3, str(tmp_path / "text.txt"), names, rounds=2)
     assert [(r, c) for r, c, _ in rows] == [(1, n) for n in names] + [(2, n) for n in reversed(names)]
     assert all(run["iters"] >= 1 and math.isfinite(run["val_loss"]) for _, _, run in rows)
-    default = (False, 20, 0.3, gpt.lr_at, muon.products_dtype(torch.device("cpu")))
-    assert seen[:3] == [default, (True, 100, 0.3, bench.cosine_lr, default[4]), (*default[:4], torch.bfloat16)]
-    assert gpt.lr_at is default[3] and muon.products_dtype is bench.real_products  # put back after each run
+    default = (False, 20, 3, 0.03, 0.85, 0.3, gpt.lr_at, muon.products_dtype(torch.device("cpu")))
+    assert seen[:4] == [default, (True, 100, 4, 0.03, 0.95, 0.3, bench.cosine_lr, default[-1]),
+                        (False, 20, 4, 3e-3, 0.95, *default[-3:]), (*default[:-1], torch.bfloat16)]
+    assert gpt.lr_at is default[-2] and muon.products_dtype is bench.real_products  # put back after each run
     # The last evaluation, which the rows give, read the whole held-out split.
     assert all(run["val_loss"] > 0 for _, _, run in rows)
 
@@ -395,20 +397,3 @@ def test_the_new_candidates_change_what_they_say_and_nothing_else():
     idx = torch.tensor([[7, 5, 3, 3, 5, 4]])
     moved = (model.wte(idx) - plain.wte(idx)).abs().amax(-1)[0] > 0
     assert moved.tolist() == [True, False, True, False, False, False]
-
-
-def test_the_embedding_rate_and_momentum_candidates_set_their_optimizers(tmp_path):
-    tc = gpt.TrainConfig(out_dir="", block_size=8, n_layer=1, n_head=2, n_embd=8, max_iters=1000)
-    trainer = gpt.Trainer(tc, TEXT[:3000], log=lambda *args: None)
-    optimizers = bench.CANDIDATES["embedding at 10x the rate"]["optimizers"](trainer)
-    wte = trainer.model.wte.weight
-    assert [o.param_groups[0]["params"] for o in optimizers[2:]] == [[wte]]
-    assert optimizers[2].defaults["lr"] == 10 * tc.learning_rate
-    assert all(p is not wte for o in optimizers[:2] for g in o.param_groups for p in g["params"])
-    momentum = bench.CANDIDATES["Muon momentum from 0.85"]["each_step"]
-    seen = []
-    for it in (0, 150, 300, 3000):
-        trainer.it = it
-        momentum(trainer)
-        seen.append(trainer.optimizers[1].param_groups[0]["momentum"])
-    assert seen == pytest.approx([0.85, 0.90, 0.95, 0.95])

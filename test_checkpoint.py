@@ -44,7 +44,7 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     first.save()
     second = gpt.Trainer(replace(tc, weight_decay=0.5, beta2=0.9, out_dir=""), TEXT, log=quiet)
     checkpoint.restore(second, torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True))
-    assert [g["weight_decay"] for g in second.optimizers[0].param_groups] == [0.5, 0.0]
+    assert [g["weight_decay"] for g in second.optimizers[0].param_groups] == [0.5, 0.5, 0.0]
     assert all(g["betas"] == (0.9, 0.9) for g in second.optimizers[0].param_groups)
     moments = second.optimizers[0].state_dict()["state"][0]["exp_avg"]
     assert torch.equal(moments, first.optimizers[0].state_dict()["state"][0]["exp_avg"])
