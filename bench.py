@@ -461,13 +461,16 @@ def train_nanogpt(nano, train_ids, vocab_size, recipe, seed=0):
     return model, time.perf_counter() - start
 
 
-def ours_for(seconds, ids, tokenizer, snapshots):
-    """Our default CPU run on ids for `seconds` of wall time, as train.py trains it; (the trainer, [(seconds, weights)]
-    kept evenly spaced in its time)."""
+def ours_for(seconds, ids, tokenizer, snapshots, build=gpt.GPT):
+    """Our default CPU run on ids for `seconds` of wall time, as train.py trains it, its model made by build (a
+    candidate's); (the trainer, [(seconds, weights)] kept evenly spaced in its time)."""
     tc = gpt.TrainConfig(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9, eval_iters=1,
                          device="cpu")
     data.check_fits(ids, tokenizer.vocab_size, tc.block_size)
-    trainer = gpt.Trainer(tc, ids, tokenizer, log=lambda *args: None)
+    # The seed Trainer sets before it builds the default model, for the model built here.
+    torch.manual_seed(tc.seed)
+    model = build(tc.model_config(vocab_size=tokenizer.vocab_size))
+    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
     trainer.optimizers = muon.batched(trainer.optimizers)
     kept = []
     for _ in trainer.steps():
@@ -496,17 +499,20 @@ def reached_at(trainer, kept, target):
     return kept[high][0] if high < len(kept) else trainer.elapsed
 
 
-def quality_versus_nanogpt(nano, path, recipe, snapshots, log=functools.partial(print, flush=True)):
-    """nanoGPT's model.py trained by its CPU recipe, timed, then our default for the same wall time on the same text,
-    both evaluated on the whole held-out split of it (split_loss, in windows of each one's context)."""
+def quality_versus_nanogpt(nano, path, recipe, snapshots, log=functools.partial(print, flush=True),
+                           candidate="default"):
+    """nanoGPT's model.py trained by its CPU recipe, timed, then our default (or the model of a candidate of
+    CANDIDATES that changes the model alone) for the same wall time on the same text, both evaluated on the whole
+    held-out split of it (split_loss, in windows of each one's context)."""
     ids, tokenizer = data.read_data(data.DataFile(path, None))
     splits = gpt.split(ids)  # our split, for both
     theirs, seconds = train_nanogpt(nano, splits["train"], tokenizer.vocab_size, recipe)
     their_loss = theirs_runs(gpt.split_loss)(AllLogits(theirs).eval(), splits["val"], recipe["batch_size"])
     log(f"nanoGPT's CPU recipe: {recipe['steps']} steps in {seconds:.0f} s, val loss {their_loss:.4f}")
-    ours, kept = ours_for(seconds, ids, tokenizer, snapshots)
+    ours, kept = ours_for(seconds, ids, tokenizer, snapshots, CANDIDATES[candidate].get("model", gpt.GPT))
     our_loss = gpt.split_loss(ours.model.eval(), splits["val"], ours.tc.batch_size)
-    log(f"ours, the default for {seconds:.0f} s: {ours.it} steps, val loss {our_loss:.4f}")
+    name = "the default" if candidate == "default" else f"the default with {candidate}"
+    log(f"ours, {name} for {seconds:.0f} s: {ours.it} steps, val loss {our_loss:.4f}")
     return dict(seconds=seconds, data=path, steps={"ours": ours.it, "nanoGPT": recipe["steps"]},
                 val_loss={"ours": our_loss, "nanoGPT": their_loss}, reached_seconds=reached_at(ours, kept, their_loss))
 
@@ -840,7 +846,8 @@ def measure(argv=None):
                         metavar="SECONDS", help="instead: train the default and each candidate for its recipe this "
                                                 "long, three times in alternating order; val loss on the whole split")
     parser.add_argument("--candidate", action="append", choices=list(CANDIDATES)[1:],
-                        help="with --candidates: this one and the default alone; again for more")
+                        help="with --candidates: this one and the default alone; again for more; once with --quality "
+                             "--nanogpt: ours with a candidate's model")
     parser.add_argument("--data", default="input.txt", help="text for --quality, --optimizers and --variants "
                                                             "(default: %(default)s)")
     parser.add_argument("--only", choices=cli.choices("optimizer"), help="with --optimizers: run this one alone")
@@ -859,8 +866,11 @@ def measure(argv=None):
         gpt.TrainConfig(**dict(args.set))
     except ValueError as e:
         parser.error(f"--set: {e}")
-    if args.candidate and not args.candidates:
-        parser.error("--candidate goes with --candidates")
+    models = [name for name in CANDIDATES if set(CANDIDATES[name]) == {"model"}]
+    if args.candidate and not (args.candidates or args.nanogpt and args.quality == 0.0 and len(args.candidate) == 1
+                               and args.candidate[0] in models):
+        parser.error(f"--candidate goes with --candidates, or once with --quality --nanogpt: one of "
+                     f"{', '.join(models)}")
     if args.variant and not args.variants:
         parser.error("--variant goes with --variants")
     device = cli.usable_device(args.device)
@@ -875,7 +885,9 @@ def measure(argv=None):
     if args.quality == 0.0 and args.nanogpt:
         nano = load_nanogpt(args.nanogpt)
         try:
-            q = figures["quality_versus_nanogpt"] = quality_versus_nanogpt(nano, args.data, NANOGPT_RECIPE, SNAPSHOTS)
+            candidate = (args.candidate or ["default"])[0]
+            q = figures["quality_versus_nanogpt"] = quality_versus_nanogpt(nano, args.data, NANOGPT_RECIPE, SNAPSHOTS,
+                                                                            candidate=candidate)
         except TheirFault as e:
             raise ValueError(f"the GPT of {args.nanogpt}/model.py does not run as nanoGPT's does ({e}): pass "
                              f"--nanogpt the folder of nanoGPT's model.py") from None

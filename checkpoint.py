@@ -190,9 +190,11 @@ def recorded_options(ckpt, path, advice):
                              f"is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
         options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
-    # A run recorded before the embedding had a rate of its own goes on at the rate it had.
-    if "learning_rate" in options and "embedding_lr" not in recorded:
-        options["embedding_lr"] = options["learning_rate"]
+    # A run recorded before these options goes on as it trained: its embedding at its learning_rate,
+    # Muon's momentum flat from the start.
+    for name, before in (("embedding_lr", "learning_rate"), ("muon_momentum_start", "muon_momentum")):
+        if before in options and name not in recorded:
+            options[name] = options[before]
     return options
 
 

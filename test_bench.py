@@ -205,7 +205,9 @@ def test_each_candidate_recipe_trains_as_it_says_in_alternating_rounds(tmp_path,
     assert all(run["val_loss"] > 0 for _, _, run in rows)
 
 
-@pytest.mark.parametrize("flags, match", [(["--candidate", "compile"], "--candidate goes with --candidates"),
+@pytest.mark.parametrize("flags, match", [(["--candidate", "compile"], "--candidate goes with --candidates, or once"),
+                                         (["--quality", "--nanogpt", "x", "--candidate", "compile"],
+                                          "once with --quality --nanogpt: one of output layer from zero, x0 to every"),
                                          (["--candidates", "0"], "must be in (0, 1e6), got 0"),
                                          (["--candidates", "1", "--candidate", "nope"], "invalid choice: 'nope'")])
 def test_the_candidates_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):
@@ -304,6 +306,20 @@ class GPT(torch.nn.Module):
         optimizer.step = lambda: (self.rates.append(optimizer.param_groups[0]["lr"]), step())
         return optimizer
 '''
+
+
+def test_bench_quality_trains_a_candidates_model_beside_nanogpt_when_asked(tmp_path, monkeypatch, capsys):
+    (tmp_path / "model.py").write_text(NANOGPT_STAND_IN)
+    (tmp_path / "text.txt").write_text(TEXT[:20_000], encoding="utf-8")
+    monkeypatch.setattr(bench, "NANOGPT_RECIPE", dict(bench.NANOGPT_RECIPE, steps=20, warmup_iters=2))
+    built = []
+    monkeypatch.setitem(bench.CANDIDATES, "bigram table",
+                        {"model": lambda config: built.append(bench.bigram_table(config)) or built[-1]})
+    bench.main(["--quality", "--nanogpt", str(tmp_path), "--data", str(tmp_path / "text.txt"), "--candidate",
+                "bigram table"])
+    out = capsys.readouterr().out
+    # Ours is the candidate's model, trained: its table has moved from zero.
+    assert "\nours, the default with bigram table for " in out and len(built) == 1 and built[0].bigram.weight.any()
 
 
 def test_bench_quality_trains_nanogpts_model_py_by_its_recipe_then_ours_for_its_time_and_evaluates_both_alike(

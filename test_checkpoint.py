@@ -174,6 +174,19 @@ def test_a_checkpoint_from_before_each_map_had_a_weight_samples_and_resumes(tmp_
     assert "h.0.attn.c_q.weight" in new["model"] and "h.0.attn.c_attn.weight" not in new["model"]
 
 
+def test_a_run_recorded_before_the_embeddings_rate_and_the_rising_momentum_goes_on_as_it_trained(tmp_path):
+    tc = tiny_train_config(tmp_path, learning_rate=2e-3, muon_momentum=0.9)
+    trainer = gpt.Trainer(tc, TEXT, log=quiet)
+    next(trainer.steps())
+    trainer.save()
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert checkpoint.recorded_options(ckpt, "ckpt.pt", "")["embedding_lr"] == tc.embedding_lr == 0.03
+    for name in ("embedding_lr", "muon_momentum_start"):
+        del ckpt["train_config"][name]
+    options = checkpoint.recorded_options(ckpt, "ckpt.pt", "")
+    assert (options["embedding_lr"], options["muon_momentum_start"]) == (2e-3, 0.9)
+
+
 def test_the_optimizers_states_of_the_old_layout_are_cut_as_its_weights_are(tmp_path):
     ckpt = torch.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), weights_only=True)
     model, tokenizer, loaded = checkpoint.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), "cpu")

@@ -44,7 +44,7 @@ def test_resume_trains_with_the_recorded_options_and_those_given(tmp_path):
     trainer, _ = train.run(gpt.TrainConfig(out_dir=str(tmp_path / "out"), max_iters=6, device="cpu"), TEXT, quiet,
                            resume=True, given=dict(max_iters=6, weight_decay=0.5, beta2=0.9))
     assert (trainer.tc.learning_rate, trainer.tc.min_lr, trainer.tc.eval_interval) == (2e-3, 1e-4, 4)  # recorded
-    assert [g["weight_decay"] for g in trainer.optimizers[0].param_groups] == [0.5, 0.0]  # given, and applied
+    assert [g["weight_decay"] for g in trainer.optimizers[0].param_groups] == [0.5, 0.5, 0.0]  # given, and applied
     assert all(g["betas"] == (0.9, 0.9) for g in trainer.optimizers[0].param_groups)
     recorded = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["train_config"]
     assert (recorded["weight_decay"], recorded["beta2"], recorded["learning_rate"]) == (0.5, 0.9, 2e-3)
