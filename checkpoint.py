@@ -8,6 +8,7 @@ tokenizer it needs, and keeps the run's folder (writable, one run at a time).
     options = checkpoint.resumed_options(tc, ckpt, path, given, print)
     checkpoint.resume(trainer, ckpt, path)
 """
+import contextlib
 import dataclasses
 import errno
 import math
@@ -434,6 +435,15 @@ def not_a_folder(path):
         if e.errno == errno.ENOENT and os.path.islink(path):
             return f"{path} is a link to {os.readlink(path)}, which is not there"
     return f"{path} is there, and not a folder"
+
+
+def remove_partial(out_dir):
+    """Takes away the temporary file of a save that failed or was cut short (gpt.save_checkpoint
+    leaves it): the checkpoint beside it is whole. Called while the lock is held."""
+    tmp = path_in(out_dir) + ".tmp"
+    if os.path.isfile(tmp) and not os.path.islink(tmp):
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 def own_out_dir(out_dir):

@@ -64,10 +64,8 @@ class GPTConfig:
         for f in fields(self):
             check_option(f, getattr(self, f.name))
         # Rotary positions turn pairs of channels within each head.
-        multiple = 2 * self.n_head if self.pos == "rope" else self.n_head
-        if self.n_embd % multiple:
-            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of {multiple}: of n_head "
-                             f"({self.n_head}), twice that with pos='rope'")
+        if self.n_embd % (2 * self.n_head if self.pos == "rope" else self.n_head):
+            raise ValueError(f"n_embd must be a multiple of n_head ({self.n_head}), twice for rope")
 
 
 def make_norm(config):
@@ -212,8 +210,7 @@ class GPT(nn.Module):
         # With a cache, these positions follow those it holds, one at a time (see the attention).
         start = 0 if cache is None else cache.pos
         if start + T > self.config.block_size or (start and T > 1):
-            raise ValueError(f"{T} tokens after {start} cached ones: at most block_size "
-                             f"({self.config.block_size}) in all, and one at a time after a cache")
+            raise ValueError(f"{start} cached + {T} tokens: at most block_size, one after a cache")
         x = self.wte(idx)  # (B, T, C)
         # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
         rope = None if self.wpe else (self.cos[start:start + T], self.sin[start:start + T])
@@ -234,13 +231,18 @@ class GPT(nn.Module):
         """Yields each sampled token (B, 1) as it is drawn: temperature 0 is greedy, top_k and top_p
         filter, a seeded torch.Generator repeats a sample."""
         vocab_size = self.config.vocab_size
-        if idx.dim() != 2 or not idx.numel() or idx.min() < 0 or idx.max() >= vocab_size:
-            raise ValueError(f"the prompt must be (batch, tokens) ids in [0, {vocab_size})")
-        # Each comparison is false for NaN, so NaN is refused too.
-        if not (max_new_tokens >= 0 and 0 <= temperature < math.inf
-                and (top_k is None or top_k >= 1) and (top_p is None or 0 < top_p <= 1)):
-            raise ValueError(f"sampling takes max_new_tokens >= 0, temperature >= 0, top_k >= 1, "
-                             f"top_p in (0, 1]: {max_new_tokens}, {temperature}, {top_k}, {top_p}")
+        # Counts by type(), as True is no count; floats for the rest. NaN fails every comparison.
+        verdicts = {
+            "idx": isinstance(idx, torch.Tensor) and idx.dtype in (torch.int64, torch.int32)
+            and idx.dim() == 2 and idx.numel() > 0 and 0 <= idx.min() and idx.max() < vocab_size,
+            "max_new_tokens": type(max_new_tokens) is int and max_new_tokens >= 0,
+            "temperature": isinstance(temperature, (int, float)) and 0 <= temperature < math.inf,
+            "top_k": top_k is None or type(top_k) is int and top_k >= 1,
+            "top_p": top_p is None or isinstance(top_p, (int, float)) and 0 < top_p <= 1}
+        wrong = [name for name, ok in verdicts.items() if not ok]
+        if wrong:
+            raise ValueError(f"bad {wrong[0]}: idx (B, T) int64 in [0, vocab_size), max_new_tokens"
+                             " an int >= 0, temperature >= 0, top_k an int >= 1, top_p in (0, 1]")
         cache = KVCache(self.config)
         # The tokens the model conditions on: the last block_size of the prompt and the samples.
         context = idx[:, -self.config.block_size:]
@@ -248,14 +250,12 @@ class GPT(nn.Module):
             # An empty cache reads the whole context; a filled one, the newest token alone. The last
             # position predicts the next token; in float32, as bfloat16 ties close logits.
             logits = self(context[:, -1:] if cache.pos else context, cache=cache)[0][:, -1].float()
-            if temperature == 0:
-                next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:
-                # Less their max, the logits are at most 0: a tiny temperature sends them to -inf,
-                # not inf. Below 1e-30, float32 would round the temperature to 0, and 0 / 0 is NaN.
-                logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
-                probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
-                next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+            # Less their max, the logits are at most 0: a tiny temperature sends them to -inf, not
+            # inf, and 0 (as 1e-30: float32 would round less to 0, and 0 / 0 is NaN) all but the
+            # likeliest, which is then drawn alone: temperature 0 is greedy.
+            logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
+            probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
+            next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
             yield next_id
             context = torch.cat([context, next_id], dim=1)[:, -self.config.block_size:]
             if cache.pos == self.config.block_size:
@@ -296,19 +296,14 @@ CHECKPOINT = "ckpt.pt"
 
 
 def save_checkpoint(ckpt, path):
-    """Writes path.tmp to the disk, then renames it to path: a crash leaves a whole checkpoint, this
-    one or, where the system had not yet written the rename, the one before."""
+    """Writes path.tmp to the disk, then renames it to path: a crash or a failed write leaves a
+    whole checkpoint there, this one or the one before (and path.tmp, which a save replaces)."""
     tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            # torch.save flushes Python's buffer to the system; fsync, the system's to the disk.
-            torch.save(ckpt, f)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    # A failed write or rename leaves no temporary file behind.
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with open(tmp, "wb") as f:
+        # torch.save flushes Python's buffer to the system; fsync, the system's to the disk.
+        torch.save(ckpt, f)
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def load_checkpoint(path, device=None):
@@ -451,8 +446,17 @@ class Trainer:
         if isinstance(data, str):
             tokenizer = tokenizer or CharTokenizer(data)
             data = tokenizer.encode(data)
-        # A tensor, an array or a memmap stays as it is, read a batch at a time; a list becomes one.
-        self.splits = split(data if hasattr(data, "__array__") else torch.tensor(data))
+        try:
+            # A tensor, an array or a memmap stays, read batch by batch; a list becomes a tensor.
+            ids = data if hasattr(data, "__array__") else torch.tensor(data)
+            # iinfo refuses a type not of integers, a bool's too; an empty selection reads no id.
+            integers = torch.iinfo(torch.as_tensor(ids[[]]).dtype).bits and ids.ndim == 1
+        except (TypeError, ValueError, RuntimeError, IndexError, AttributeError):
+            integers = False
+        # Then the held-out 10% has a window of block_size ids and the id after it.
+        if not integers or len(ids) <= 10 * tc.block_size:
+            raise ValueError("data must be a text or 1-D integer ids, over 10 * block_size of them")
+        self.splits = split(ids)
         self.tokenizer = tokenizer
         # The seed sets the initial weights and, in training, dropout's masks.
         torch.manual_seed(tc.seed)
@@ -532,8 +536,7 @@ class Trainer:
         if not self.tc.out_dir:
             return
         if not all(p.isfinite().all() for p in self.model.parameters()):
-            raise ValueError(f"the weights turned NaN or inf at iteration {self.it}, and were not "
-                             f"saved: a learning rate or weight decay too high can do it")
+            raise ValueError(f"NaN or inf weights at iteration {self.it}: lower learning_rate")
         ckpt = dict(model=self.model.state_dict(), config=asdict(self.model.config), iter=self.it,
                     train_config=asdict(self.tc), chars=getattr(self.tokenizer, "chars", None),
                     tokenizer=getattr(self.tokenizer, "name", None), elapsed=self.elapsed,

@@ -115,8 +115,8 @@ def test_tokenizer_round_trip():
 
 # ---------------------------------------------------------------------------------------------------- config and model
 @pytest.mark.parametrize("bad, message", [
-    (dict(n_embd=30, n_head=4, pos="learned"), r"n_embd \(30\) must be a multiple of 4: of n_head \(4\), twice"),
-    (dict(n_embd=18, n_head=6), r"n_embd \(18\) must be a multiple of 12: of n_head \(6\), twice that with pos='rope'"),
+    (dict(n_embd=30, n_head=4, pos="learned"), r"n_embd must be a multiple of n_head \(4\), twice for rope"),
+    (dict(n_embd=18, n_head=6), r"n_embd must be a multiple of n_head \(6\), twice for rope"),
     (dict(n_head=0), r"n_head must be in \[1, inf\), not 0"),  # not a ZeroDivisionError
     (dict(vocab_size=0), r"vocab_size must be in \[1, 1048577\), not 0"),  # not an empty model
     (dict(vocab_size=2 ** 32), r"vocab_size must be in \[1, 1048577\)"),  # not an embedding of billions of rows
@@ -259,11 +259,11 @@ def test_logits_shape_and_causality(name):
 
 def test_a_sequence_longer_than_block_size_and_a_cache_fed_two_tokens_at_once_are_refused():
     model = tiny_model()
-    with pytest.raises(ValueError, match=r"13 tokens after 0 cached ones: at most block_size \(12\) in all"):
+    with pytest.raises(ValueError, match=r"^0 cached \+ 13 tokens: at most block_size, one after a cache$"):
         model(torch.zeros(1, 13, dtype=torch.long))
     cache = gpt.KVCache(model.config)
     model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
-    with pytest.raises(ValueError, match="one at a time after a cache$"):
+    with pytest.raises(ValueError, match=r"^5 cached \+ 2 tokens: at most block_size, one after a cache$"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=cache)  # a mask aligned to the top left would be wrong
 
 
@@ -396,21 +396,44 @@ def test_temperature_zero_is_greedy_a_tiny_one_tends_to_it_and_seeded_sampling_i
     assert torch.equal(model.generate(idx, 0), idx)  # no new token asked for, none drawn
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(temperature=float("nan")),
-                                    dict(temperature=float("inf")), dict(top_k=0), dict(top_p=0.0),
-                                    dict(top_p=1.5), dict(top_p=float("nan")), dict(max_new_tokens=-1)])
-def test_bad_sampling_arguments_are_refused_before_the_first_token(kwargs):
+SAMPLING_RULES = (r": idx \(B, T\) int64 in \[0, vocab_size\), max_new_tokens an int >= 0, temperature >= 0, "
+                  r"top_k an int >= 1, top_p in \(0, 1\]$")
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=-0.1), dict(temperature=float("nan")), dict(temperature=float("inf")), dict(temperature=None),
+    dict(temperature="0.8"), dict(temperature=1j), dict(top_k=0), dict(top_k=2.5), dict(top_k=True),
+    dict(top_k=float("nan")), dict(top_p=0.0), dict(top_p=1.5), dict(top_p=float("nan")), dict(top_p="0.9"),
+    dict(max_new_tokens=-1), dict(max_new_tokens=2.5), dict(max_new_tokens=float("inf")), dict(max_new_tokens=True),
+    dict(max_new_tokens=None), dict(max_new_tokens=np.int64(3))], ids=repr)
+def test_bad_sampling_arguments_are_refused_by_name_before_the_first_token(kwargs):
+    name = next(iter(kwargs))
     kwargs = {"max_new_tokens": 5, **kwargs}
-    tokens = tiny_model().stream(torch.zeros(1, 1, dtype=torch.long), **kwargs)
-    with pytest.raises(ValueError, match="sampling takes max_new_tokens >= 0, temperature >= 0"):
+    model = tiny_model()
+    tokens = model.stream(torch.zeros(1, 1, dtype=torch.long), **kwargs)
+    with pytest.raises(ValueError, match=f"^bad {name}" + SAMPLING_RULES):
         next(tokens)
+    with pytest.raises(ValueError, match=f"^bad {name}" + SAMPLING_RULES):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), **kwargs)
 
 
-@pytest.mark.parametrize("prompt", [torch.zeros(3, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long),
-                                    torch.zeros(0, 3, dtype=torch.long), torch.tensor([[1, 13]]), torch.tensor([[-1]]),
-                                    torch.zeros(1, 2, 2, dtype=torch.long)])
-def test_a_prompt_that_is_not_batch_by_tokens_of_ids_in_the_vocabulary_says_what_to_do(prompt):
-    with pytest.raises(ValueError, match=r"the prompt must be \(batch, tokens\) ids in \[0, 13\)$"):
+def test_sampling_takes_every_kind_of_number_it_names():
+    model = tiny_model()
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    for temperature, top_p in ((1, 1), (0.5, 0.5), (np.float64(0.5), np.float64(0.5)), (0, None)):
+        assert model.generate(prompt, 3, temperature=temperature, top_k=2, top_p=top_p).shape == (1, 4)
+    # int32 ids, as a NumPy array of them becomes with torch.from_numpy.
+    out = model.generate(torch.from_numpy(np.array([[1, 2]], dtype=np.int32)), 3, temperature=0)
+    assert out.dtype == torch.int64 and torch.equal(out[:, :2], torch.tensor([[1, 2]]))
+
+
+@pytest.mark.parametrize("prompt", [
+    torch.zeros(3, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long),
+    torch.tensor([[1, 13]]), torch.tensor([[-1]]), torch.zeros(1, 2, 2, dtype=torch.long),
+    torch.zeros(1, 2), torch.tensor([[1.5]]), torch.tensor([[True]]), torch.zeros(1, 2, dtype=torch.uint8),
+    torch.zeros(1, 2, dtype=torch.float16), [[1, 2]], np.zeros((1, 2), dtype=np.int64), None, "ab"], ids=repr)
+def test_a_prompt_that_is_not_batch_by_tokens_of_int64_ids_in_the_vocabulary_is_refused_by_name(prompt):
+    with pytest.raises(ValueError, match="^bad idx" + SAMPLING_RULES):
         tiny_model().generate(prompt, 5)
 
 
@@ -575,7 +598,7 @@ def test_a_trainer_makes_its_out_dir_and_leaves_nothing_else_there_and_no_out_di
     assert sorted(os.listdir(tmp_path)) == ["new"]
 
 
-def test_an_interrupted_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+def test_an_interrupted_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
     gpt.save_checkpoint({"a": torch.ones(3)}, path)
 
@@ -583,11 +606,16 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_and_no_temporary_fil
         f.write(b"half a checkpo")
         raise KeyboardInterrupt
 
+    real_save = torch.save
     monkeypatch.setattr(torch, "save", dies_mid_write)
     with pytest.raises(KeyboardInterrupt):
         gpt.save_checkpoint({"a": torch.zeros(3)}, path)
     assert torch.equal(torch.load(path, weights_only=True)["a"], torch.ones(3))
-    assert os.listdir(tmp_path) == ["ckpt.pt"]
+    # The half-written file keeps its temporary name, which the next save writes over; train.py takes it away.
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.tmp"]
+    monkeypatch.setattr(torch, "save", real_save)
+    gpt.save_checkpoint({"a": torch.zeros(3)}, path)
+    assert os.listdir(tmp_path) == ["ckpt.pt"] and torch.equal(torch.load(path, weights_only=True)["a"], torch.zeros(3))
 
 
 def test_the_trainer_makes_a_missing_folder_and_its_saves_land_there(tmp_path):
@@ -619,7 +647,7 @@ def test_save_checkpoint_puts_the_file_on_the_disk_before_the_rename(tmp_path, m
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
 
-def test_a_failed_fsync_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+def test_a_failed_fsync_leaves_the_last_checkpoint_whole(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
     gpt.save_checkpoint({"a": torch.ones(3)}, path)
 
@@ -630,7 +658,7 @@ def test_a_failed_fsync_leaves_the_last_checkpoint_and_no_temporary_file(tmp_pat
     with pytest.raises(OSError, match="Input/output error"):
         gpt.save_checkpoint({"a": torch.zeros(3)}, path)
     assert torch.equal(torch.load(path, weights_only=True)["a"], torch.ones(3))
-    assert os.listdir(tmp_path) == ["ckpt.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.tmp"]
 
 
 @pytest.mark.parametrize("name", SWITCHES)
@@ -692,6 +720,8 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path):
             read.append(len(self.ids))
             return np.asarray(self.ids, *args, **kwargs)
 
+        ndim = 1
+
         def __len__(self):
             return len(self.ids)
 
@@ -717,6 +747,39 @@ def test_a_list_of_ids_as_encode_returns_them_trains(tmp_path):
     assert model.config.vocab_size == 256 and len(history) == 1
 
 
+IDS = torch.arange(2000) % 13
+
+
+def generated():
+    yield from range(2000)
+
+
+@pytest.mark.parametrize("data", [
+    IDS + 0.7, IDS.half(), IDS.double(), IDS > 3, IDS * 1j, IDS.view(20, 100), IDS.numpy().astype(np.float32),
+    IDS.view(20, 100).tolist(), ["a", "b"] * 1000, TEXT[:2000].encode(), generated(), None, 7,
+    {1: 2}, np.array(list("ab" * 1000)), np.array([1, "a"] * 1000, dtype=object), torch.tensor(5),
+    list(range(17)), [], IDS[:160], IDS[:160].numpy()], ids=lambda data: type(data).__name__)
+def test_the_trainer_refuses_data_that_is_not_enough_1d_integer_ids_when_it_is_built(tmp_path, monkeypatch, data):
+    monkeypatch.setattr(gpt, "GPT", None)  # refused before a model is built
+    tc = tiny_train_config(tmp_path, block_size=16, vocab_size=13)
+    with pytest.raises(ValueError, match=r"^data must be a text or 1-D integer ids, over 10 \* block_size of them$"):
+        gpt.Trainer(tc, data, log=quiet)
+
+
+def test_the_trainer_takes_just_enough_integer_ids_of_any_width(tmp_path):
+    tc = tiny_train_config(tmp_path, block_size=16, vocab_size=13, out_dir="", max_iters=1, eval_iters=1)
+    for data in (IDS[:161], IDS.int(), IDS.to(torch.uint8), IDS.numpy().astype(np.uint16), IDS.tolist(),
+                 tuple(IDS.tolist())):
+        trainer = gpt.Trainer(tc, data, log=quiet)
+        assert len(trainer.splits["val"]) > 16
+        for _ in trainer.steps():
+            pass
+    # A text of 161 characters is just enough too: each split has a window of 16 and the character after it.
+    gpt.Trainer(tc, TEXT[:161], log=quiet)
+    with pytest.raises(ValueError, match="over 10"):
+        gpt.Trainer(tc, TEXT[:160], log=quiet)
+
+
 def test_weights_that_turn_nan_are_never_saved(tmp_path, monkeypatch):
     tc = tiny_train_config(tmp_path)
     trainer = gpt.Trainer(tc, TEXT, log=quiet)
@@ -733,7 +796,7 @@ def test_weights_that_turn_nan_are_never_saved(tmp_path, monkeypatch):
         return loss
 
     monkeypatch.setattr(gpt, "train_step", clipped_inf)
-    with pytest.raises(ValueError, match=r"the weights turned NaN or inf at iteration 4, and were not saved"):
+    with pytest.raises(ValueError, match=r"^NaN or inf weights at iteration 4: lower learning_rate$"):
         for _ in range(4):
             next(steps)
     kept = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)  # the last good one: the run's start

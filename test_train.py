@@ -1,4 +1,5 @@
 """Tests of train.py: its runs, resuming them, signals, and how it stops."""
+import errno
 import os
 import re
 import signal
@@ -239,6 +240,25 @@ def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint(tmp_path, capsys
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
 
 
+def test_a_failed_save_is_one_line_and_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path, capsys,
+                                                                                         monkeypatch):
+    flags = tiny_flags(tmp_path, max_iters=4, eval_interval=2)
+    real_fsync = os.fsync
+    calls = []
+
+    def fails_the_second_time(fd):  # the first save, of the starting weights, lands; the one at step 2 does not
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fails_the_second_time)
+    message = one_line_error(capsys, train, *flags)
+    assert re.search(r"cannot write .*ckpt.pt \(Input/output error\); any file there is as it was", message), message
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "train.lock"]  # the half-written ckpt.pt.tmp is gone
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
+
+
 def test_a_failed_torch_compile_is_one_line(tmp_path):
     env = dict(CXX="/no/compiler", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))  # nothing compiled is reused
     done = run_cli("train.py", *tiny_flags(tmp_path, max_iters=2), "--compile", env=env)
@@ -294,7 +314,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--data", "IDS.bin", "--vocab_size", "10"], "must be in [0, 10), the vocabulary; these go from 0 to 3,999"),
     (["--block_size", "5000"], "--block_size 5000 is too long for the 3000 tokens held out"),
     (["--block_size", str(10 ** 8)], "--block_size 100000000 is too long"),  # refused before the model is built
-    (["--n_embd", "30", "--n_head", "4"], "n_embd (30) must be a multiple of 8: of n_head (4)"),
+    (["--n_embd", "30", "--n_head", "4"], "n_embd must be a multiple of n_head (4), twice for rope"),
     (["--norm", "batchnorm"], "argument --norm: invalid choice: 'batchnorm'"),
     (["--optimizer", "sgd"], "argument --optimizer: invalid choice: 'sgd'"),
     (["--device", "tpu"], "unknown or not on this machine"),

@@ -196,9 +196,10 @@ def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False,
         try:
             distributed.agree_on_setup(error, trainer, rank, world)
             return trainer, drive(trainer, say, log_interval, compile, rank, world)
-        # However the run ends, its out_dir is free for the next.
+        # However the run ends, its out_dir is free for the next, and holds no half-written file.
         finally:
             if lock is not None:
+                checkpoint.remove_partial(tc.out_dir)
                 lock.close()
 
 
