@@ -663,7 +663,7 @@ def test_a_failed_fsync_leaves_the_last_checkpoint_whole(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", SWITCHES)
 def test_every_architecture_trains(tmp_path, name):
-    tc = tiny_train_config(tmp_path, max_iters=300, eval_interval=300, learning_rate=6e-3, batch_size=16,
+    tc = tiny_train_config(tmp_path, max_iters=200, eval_interval=200, learning_rate=6e-3, batch_size=16,
                            block_size=32, n_embd=32, out_dir="", **SWITCHES[name])
     _, history = gpt.train(tc, TEXT, log=quiet)
     start = math.log(len(set(TEXT)))  # the loss of a uniform guess, where training starts

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import checkpoint
+import cli
 import gpt
 import muon
 import report
@@ -126,16 +127,32 @@ def test_ctrl_c_saves_and_resume_continues_exactly_with_either_optimizer(tmp_pat
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129),
                                             (signal.SIGUSR1, 138)])
-def test_a_signal_saves_the_step_under_way_says_so_and_exits_non_zero(tmp_path, signum, status):
+def test_a_signal_saves_the_step_under_way_says_so_and_exits_non_zero(tmp_path, monkeypatch, capsys, signum, status):
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=2)
-    proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("iter 3/"):
-            break
-    proc.send_signal(signum)
-    out, err = proc.communicate(timeout=HANG)
-    assert proc.returncode == status, err
+    if signum == signal.SIGTERM:  # one signal from outside, to a process of its own, as a scheduler sends it
+        proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            if line.startswith("iter 3/"):
+                break
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=HANG)
+        code = proc.returncode
+    else:  # the others to this process, after the progress line of step 3, by the same handlers
+        real_line = cli.Progress.line
+
+        def line_then_signal(progress, loss):
+            said = real_line(progress, loss)
+            if said.startswith("iter 3/"):
+                os.kill(os.getpid(), signum)
+            return said
+
+        monkeypatch.setattr(cli.Progress, "line", line_then_signal)
+        with pytest.raises(SystemExit) as exit_info:
+            train.main([*flags, "--log_interval", "1"])
+        out, err = capsys.readouterr()
+        code = exit_info.value.code
+    assert code == status, err
     # During a step, the step finishes and is saved; during an evaluation, that ends at once. The report is left
     # to sample.py --report, which rebuilds it from the checkpoint.
     said = re.search(rf"{signal.Signals(signum).name}: (the evaluation was cut short; )?saved iteration (\d+) to .*; "
@@ -425,17 +442,22 @@ def test_a_device_named_with_its_index_trains_resumes_and_samples(tmp_path, caps
     assert next(model.parameters()).device.type == "cpu"
 
 
-def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(tmp_path):
+def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(tmp_path, monkeypatch, capsys):
     # A long evaluation (eval_iters 10**6) would take hours: after the signal none runs, and no report is made.
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5, eval_iters=10 ** 6)
-    proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("iter 3/"):
-            break
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=HANG)
-    assert proc.returncode == 143 and err == "", err
+    real_line = cli.Progress.line
+
+    def line_then_signal(progress, loss):  # SIGTERM to this process after the progress line of step 3
+        said = real_line(progress, loss)
+        if said.startswith("iter 3/"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return said
+
+    monkeypatch.setattr(cli.Progress, "line", line_then_signal)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*flags, "--log_interval", "1"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 143 and err == "", err
     assert re.search(r"SIGTERM: saved iteration \d+ to .*; continue with --resume; no report: python sample.py "
                      r"--report --data DATA writes it", out), out
     assert "val loss" not in out and not (tmp_path / "out" / "report.html").exists()
