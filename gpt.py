@@ -230,11 +230,11 @@ class GPT(nn.Module):
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Yields each sampled token (B, 1) as it is drawn: temperature 0 is greedy, top_k and top_p
         filter, a seeded torch.Generator repeats a sample."""
-        vocab_size = self.config.vocab_size
-        # Counts by type(), as True is no count; floats for the rest. NaN fails every comparison.
+        # Only a tensor has a torch dtype. Counts by type(), as True is no count; floats for the
+        # rest. NaN fails every comparison.
         verdicts = {
-            "idx": isinstance(idx, torch.Tensor) and idx.dtype in (torch.int64, torch.int32)
-            and idx.dim() == 2 and idx.numel() > 0 and 0 <= idx.min() and idx.max() < vocab_size,
+            "idx": getattr(idx, "dtype", None) in (torch.int64, torch.int32) and idx.ndim == 2
+            and idx.numel() and 0 <= idx.min() <= idx.max() < self.config.vocab_size,
             "max_new_tokens": type(max_new_tokens) is int and max_new_tokens >= 0,
             "temperature": isinstance(temperature, (int, float)) and 0 <= temperature < math.inf,
             "top_k": top_k is None or type(top_k) is int and top_k >= 1,
@@ -251,11 +251,12 @@ class GPT(nn.Module):
             # position predicts the next token; in float32, as bfloat16 ties close logits.
             logits = self(context[:, -1:] if cache.pos else context, cache=cache)[0][:, -1].float()
             # Less their max, the logits are at most 0: a tiny temperature sends them to -inf, not
-            # inf, and 0 (as 1e-30: float32 would round less to 0, and 0 / 0 is NaN) all but the
-            # likeliest, which is then drawn alone: temperature 0 is greedy.
+            # inf (below 1e-30, float32 would round the temperature to 0, and 0 / 0 is NaN).
             logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
             probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
-            next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+            # Temperature 0 is greedy: the likeliest token, the first of any tied, with no draw.
+            next_id = (torch.multinomial(probs, 1, generator=generator) if temperature
+                       else probs.argmax(dim=-1, keepdim=True))  # (B, 1)
             yield next_id
             context = torch.cat([context, next_id], dim=1)[:, -self.config.block_size:]
             if cache.pos == self.config.block_size:
@@ -430,6 +431,20 @@ class Trainer:
     tokenizer, by default a CharTokenizer) or 1-D token ids; its last 10% is held out."""
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print, owner=False):
+        if isinstance(data, str):
+            tokenizer = tokenizer or CharTokenizer(data)
+            data = tokenizer.encode(data)
+        try:
+            # A tensor, an array or a memmap stays, read batch by batch; a list becomes a tensor.
+            ids = data if hasattr(data, "__array__") else torch.tensor(data)
+            # iinfo refuses a type not of integers, a bool's too; an empty selection reads no id.
+            integers = torch.iinfo(torch.as_tensor(ids[[]]).dtype).bits and ids.ndim == 1
+        except (TypeError, ValueError, RuntimeError, IndexError, AttributeError):
+            integers = False
+        # Then the held-out 10% has a window of block_size ids and the id after it.
+        if not integers or len(ids) <= 10 * tc.block_size:
+            raise ValueError("data must be a text or 1-D integer ids, over 10 * block_size tokens")
+        self.splits = split(ids)
         if tc.out_dir:
             # An out_dir that cannot take a checkpoint fails here, an OSError naming it, not at the
             # first save: the folder is made and takes a file with no name (on Linux), no one's.
@@ -443,20 +458,6 @@ class Trainer:
         self.tc = tc
         self.log = log
         self.device = get_device(tc.device)
-        if isinstance(data, str):
-            tokenizer = tokenizer or CharTokenizer(data)
-            data = tokenizer.encode(data)
-        try:
-            # A tensor, an array or a memmap stays, read batch by batch; a list becomes a tensor.
-            ids = data if hasattr(data, "__array__") else torch.tensor(data)
-            # iinfo refuses a type not of integers, a bool's too; an empty selection reads no id.
-            integers = torch.iinfo(torch.as_tensor(ids[[]]).dtype).bits and ids.ndim == 1
-        except (TypeError, ValueError, RuntimeError, IndexError, AttributeError):
-            integers = False
-        # Then the held-out 10% has a window of block_size ids and the id after it.
-        if not integers or len(ids) <= 10 * tc.block_size:
-            raise ValueError("data must be a text or 1-D integer ids, over 10 * block_size of them")
-        self.splits = split(ids)
         self.tokenizer = tokenizer
         # The seed sets the initial weights and, in training, dropout's masks.
         torch.manual_seed(tc.seed)

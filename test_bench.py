@@ -194,11 +194,11 @@ def test_each_candidate_recipe_trains_as_it_says_in_alternating_rounds(tmp_path,
 
     monkeypatch.setattr(gpt.Trainer, "steps", steps)
     names = ["default", "the recipe before", "before the second round", "Muon in bfloat16"]
-    rows = bench.bench_candidates(0.3, str(tmp_path / "text.txt"), names, rounds=2)
+    rows = bench.bench_candidates(0.2, str(tmp_path / "text.txt"), names, rounds=2)
     assert [(r, c) for r, c, _ in rows] == [(1, n) for n in names] + [(2, n) for n in reversed(names)]
     assert all(run["iters"] >= 1 and math.isfinite(run["val_loss"]) for _, _, run in rows)
-    default = (False, 20, 3, 0.03, 0.85, 0.3, gpt.lr_at, muon.products_dtype(torch.device("cpu")))
-    assert seen[:4] == [default, (True, 100, 4, 0.03, 0.95, 0.3, bench.cosine_lr, default[-1]),
+    default = (False, 20, 3, 0.03, 0.85, 0.2, gpt.lr_at, muon.products_dtype(torch.device("cpu")))
+    assert seen[:4] == [default, (True, 100, 4, 0.03, 0.95, 0.2, bench.cosine_lr, default[-1]),
                         (False, 20, 4, 3e-3, 0.95, *default[-3:]), (*default[:-1], torch.bfloat16)]
     assert gpt.lr_at is default[-2] and muon.products_dtype is bench.real_products  # put back after each run
     # The last evaluation, which the rows give, read the whole held-out split.

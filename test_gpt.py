@@ -396,6 +396,19 @@ def test_temperature_zero_is_greedy_a_tiny_one_tends_to_it_and_seeded_sampling_i
     assert torch.equal(model.generate(idx, 0), idx)  # no new token asked for, none drawn
 
 
+def test_greedy_takes_the_first_of_tied_tokens_in_every_row_and_draws_nothing():
+    model = tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # every logit 0: all tokens tie ...
+        model.lm_head.weight[5] = 1e-3  # ... but token 5, a little above or below the rest by the hidden state
+    prompt = torch.zeros(3, 2, dtype=torch.long)
+    state = torch.get_rng_state()
+    out = model.generate(prompt, 4, temperature=0, top_k=3, top_p=0.5)
+    assert torch.equal(torch.get_rng_state(), state)  # no draw
+    logits = model(out[:, :-1])[0][:, 1:]
+    assert torch.equal(out[:, 2:], logits.argmax(-1))  # the first of any tied, in every row, as argmax takes it
+
+
 SAMPLING_RULES = (r": idx \(B, T\) int64 in \[0, vocab_size\), max_new_tokens an int >= 0, temperature >= 0, "
                   r"top_k an int >= 1, top_p in \(0, 1\]$")
 
@@ -762,7 +775,7 @@ def generated():
 def test_the_trainer_refuses_data_that_is_not_enough_1d_integer_ids_when_it_is_built(tmp_path, monkeypatch, data):
     monkeypatch.setattr(gpt, "GPT", None)  # refused before a model is built
     tc = tiny_train_config(tmp_path, block_size=16, vocab_size=13)
-    with pytest.raises(ValueError, match=r"^data must be a text or 1-D integer ids, over 10 \* block_size of them$"):
+    with pytest.raises(ValueError, match=r"^data must be a text or 1-D integer ids, over 10 \* block_size tokens$"):
         gpt.Trainer(tc, data, log=quiet)
 
 

@@ -11,7 +11,7 @@ import torch
 import report
 import sample
 import train
-from conftest import HANG, HERE, SWITCHES, TEXT, tiny_model, tiny_flags, run_cli, one_line_error, hand_made
+from conftest import HANG, HERE, SWITCHES, TEXT, tiny_model, tiny_flags, one_line_error, hand_made
 
 
 def report_page(out_dir):
@@ -19,9 +19,9 @@ def report_page(out_dir):
 
 
 def test_train_py_writes_a_report_page_and_sample_py_writes_it_again(tmp_path, capsys):
-    trained = run_cli("train.py", *tiny_flags(tmp_path, max_iters=12, eval_interval=4, n_layer=2))
-    assert trained.returncode == 0 and trained.stderr == "", trained.stderr
-    assert f"report: {tmp_path / 'out' / 'report.html'}" in trained.stdout
+    train.main(tiny_flags(tmp_path, max_iters=12, eval_interval=4, n_layer=2))
+    out, err = capsys.readouterr()
+    assert err == "" and f"report: {tmp_path / 'out' / 'report.html'}" in out, err
     page = report_page(tmp_path / "out")
     assert page.count('<svg class="attention"') == 2 * 2  # one picture per layer and head
     for name in ("train", "val", "lr"):  # the curves, with a point per evaluation
