@@ -413,3 +413,19 @@ def test_the_new_candidates_change_what_they_say_and_nothing_else():
     idx = torch.tensor([[7, 5, 3, 3, 5, 4]])
     moved = (model.wte(idx) - plain.wte(idx)).abs().amax(-1)[0] > 0
     assert moved.tolist() == [True, False, True, False, False, False]
+
+
+@pytest.mark.parametrize("name, steps", [("default", 5), ("Newton-Schulz, 4 steps", 4), ("Newton-Schulz, 3 steps", 3)])
+def test_a_newton_schulz_candidate_orthogonalises_with_its_steps_alone(monkeypatch, name, steps):
+    seen = []
+    real = muon.orthogonalize
+
+    def counted(updates, coefficients, ns_steps, *args):
+        seen.append(ns_steps)
+        return real(updates, coefficients, ns_steps, *args)
+
+    monkeypatch.setattr(muon, "orthogonalize", counted)
+    ids = torch.arange(3000) % 13
+    run = bench.candidate_run(0.05, ids, gpt.CharTokenizer("abcdefghijklm"), name, n_layer=1, n_embd=16, n_head=2,
+                              block_size=16, batch_size=2)
+    assert run["iters"] >= 1 and seen and set(seen) == {steps}
