@@ -441,7 +441,7 @@ class Trainer:
             integers = torch.iinfo(torch.as_tensor(ids[[]]).dtype).bits and ids.ndim == 1
         except (TypeError, ValueError, RuntimeError, IndexError, AttributeError):
             integers = False
-        # Then the held-out 10% has a window of block_size ids and the id after it.
+        # Over 10 x block_size ids, the held-out 10% holds a window of block_size and the next id.
         if not integers or len(ids) <= 10 * tc.block_size:
             raise ValueError("data must be a text or 1-D integer ids, over 10 * block_size tokens")
         self.splits = split(ids)
