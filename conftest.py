@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import cli
 import gpt
 import gpt2
 import gpt_numpy
@@ -126,6 +127,22 @@ def signal_at(monkeypatch, at):
     monkeypatch.setattr(gpt, "split_loss", counted(real_loss))
     return lambda: (monkeypatch.setattr(gpt.Trainer, "batch", real_batch),
                     monkeypatch.setattr(gpt, "split_loss", real_loss))
+
+
+def signal_after_line(monkeypatch, signum, prefix="iter 3/"):
+    """Sends signum to this process once train.py has made its progress line starting with prefix, as a scheduler
+    would after it. First it checks that the run holds a handler of its own for the signal: a missing one fails the
+    test instead of ending the tests' process."""
+    real_line = cli.Progress.line
+
+    def line_then_signal(progress, loss):
+        said = real_line(progress, loss)
+        if said.startswith(prefix):
+            assert signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler)
+            os.kill(os.getpid(), signum)
+        return said
+
+    monkeypatch.setattr(cli.Progress, "line", line_then_signal)
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,13 @@ import pytest
 import torch
 
 import checkpoint
-import cli
 import gpt
 import muon
 import report
 import sample
 import train
 from conftest import (HERE, TEXT, HANG, tiny_train_config, tiny_flags, quiet, run_cli, one_line_error, ByteTokenizer,
-                      hand_made, set_in, signal_at)
+                      hand_made, set_in, signal_at, signal_after_line)
 
 
 # ---------------------------------------------------------------------------------------------------- runs and resumes
@@ -139,15 +138,7 @@ def test_a_signal_saves_the_step_under_way_says_so_and_exits_non_zero(tmp_path, 
         out, err = proc.communicate(timeout=HANG)
         code = proc.returncode
     else:  # the others to this process, after the progress line of step 3, by the same handlers
-        real_line = cli.Progress.line
-
-        def line_then_signal(progress, loss):
-            said = real_line(progress, loss)
-            if said.startswith("iter 3/"):
-                os.kill(os.getpid(), signum)
-            return said
-
-        monkeypatch.setattr(cli.Progress, "line", line_then_signal)
+        signal_after_line(monkeypatch, signum)
         with pytest.raises(SystemExit) as exit_info:
             train.main([*flags, "--log_interval", "1"])
         out, err = capsys.readouterr()
@@ -445,15 +436,7 @@ def test_a_device_named_with_its_index_trains_resumes_and_samples(tmp_path, caps
 def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(tmp_path, monkeypatch, capsys):
     # A long evaluation (eval_iters 10**6) would take hours: after the signal none runs, and no report is made.
     flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5, eval_iters=10 ** 6)
-    real_line = cli.Progress.line
-
-    def line_then_signal(progress, loss):  # SIGTERM to this process after the progress line of step 3
-        said = real_line(progress, loss)
-        if said.startswith("iter 3/"):
-            os.kill(os.getpid(), signal.SIGTERM)
-        return said
-
-    monkeypatch.setattr(cli.Progress, "line", line_then_signal)
+    signal_after_line(monkeypatch, signal.SIGTERM)
     with pytest.raises(SystemExit) as exit_info:
         train.main([*flags, "--log_interval", "1"])
     out, err = capsys.readouterr()
