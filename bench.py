@@ -692,6 +692,11 @@ CANDIDATES = {
     "bigram table": dict(model=bigram_table),
     "Newton-Schulz, 4 steps": dict(ns_steps=4),
     "Newton-Schulz, 3 steps": dict(ns_steps=3),
+    # The third round: the default's rates and decay, each moved alone.
+    "Muon at 0.02": dict(changes=dict(muon_lr=0.02)),
+    "embedding at 0.1": dict(changes=dict(embedding_lr=0.1)),
+    "AdamW at 6e-3": dict(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
+    "no weight decay": dict(changes=dict(weight_decay=0.0)),
 }
 
 

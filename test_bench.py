@@ -429,3 +429,20 @@ def test_a_newton_schulz_candidate_orthogonalises_with_its_steps_alone(monkeypat
     run = bench.candidate_run(0.05, ids, gpt.CharTokenizer("abcdefghijklm"), name, n_layer=1, n_embd=16, n_head=2,
                               block_size=16, batch_size=2)
     assert run["iters"] >= 1 and seen and set(seen) == {steps}
+
+
+@pytest.mark.parametrize("name", [n for n, c in bench.CANDIDATES.items() if "changes" in c])
+def test_a_candidate_of_other_options_trains_with_them(monkeypatch, name):
+    seen = []
+    real_steps = gpt.Trainer.steps
+
+    def steps(trainer):
+        seen.append(trainer.tc)
+        return real_steps(trainer)
+
+    monkeypatch.setattr(gpt.Trainer, "steps", steps)
+    ids = torch.arange(3000) % 13
+    bench.candidate_run(0.05, ids, gpt.CharTokenizer("abcdefghijklm"), name, n_layer=1, n_embd=16, n_head=2,
+                        block_size=16, batch_size=2)
+    changes = bench.CANDIDATES[name]["changes"]
+    assert {key: getattr(seen[0], key) for key in changes} == changes
