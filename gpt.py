@@ -332,7 +332,7 @@ class TrainConfig(GPTConfig):
     embedding_lr: float = option(0.03, 1e-9, 1, help="The token embedding's peak rate, if untied.")
     min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
     warmup_iters: int = option(20, 0, math.inf, help="Steps of linear warmup.")
-    weight_decay: float = option(0.1, 0, math.inf, help="Weight decay, on matrices only.")
+    weight_decay: float = option(0.0, 0, math.inf, help="Weight decay, on matrices only.")
     beta2: float = option(0.99, 0, 1, help="AdamW's beta2: a shorter memory suits small batches.")
     optimizer: str = option("muon", "muon", "adamw", help="Muon and AdamW, or AdamW alone.")
     muon_lr: float = option(0.01, 1e-9, 1, help="Muon's peak learning rate, on the same schedule.")

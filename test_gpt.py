@@ -966,8 +966,8 @@ def test_twin_filter_logits_keeps_what_gpt_keeps():
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_twin_adamw_steps_match_torch(name):
     model, twin, idx, targets = twin_pair(name)
-    # The embedding at the others' rate, as the twin's AdamW has one rate.
-    tc = gpt.TrainConfig(learning_rate=1e-2, embedding_lr=1e-2, optimizer="adamw")
+    # The embedding at the others' rate, as the twin's AdamW has one rate; a decay, so that its path is held too.
+    tc = gpt.TrainConfig(learning_rate=1e-2, embedding_lr=1e-2, optimizer="adamw", weight_decay=0.1)
     optimizer = gpt.configure_optimizers(model, tc)
     twin_optimizer = workbook.AdamW(twin.params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
     for _ in range(5):
@@ -1009,8 +1009,8 @@ def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
     twin_iterations = lambda update, *args: torch.from_numpy(workbook.newton_schulz(update.numpy()))
     monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", twin_iterations)
     model, twin, idx, targets = twin_pair(name)
-    # The embedding at the others' rate, as the twin's AdamW has one rate.
-    tc = gpt.TrainConfig(learning_rate=1e-2, embedding_lr=1e-2, optimizer="muon")
+    # The embedding at the others' rate, as the twin's AdamW has one rate; a decay, so that its path is held too.
+    tc = gpt.TrainConfig(learning_rate=1e-2, embedding_lr=1e-2, optimizer="muon", weight_decay=0.1)
     optimizers = gpt.configure_optimizers(model, tc)
     matrices = [n for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
     twin_muon = workbook.Muon({n: twin.params[n] for n in matrices}, lr=0.01, weight_decay=0.1, momentum=0.95)
