@@ -279,7 +279,7 @@ def test_overfits_one_batch():
     idx[:, 0] = torch.arange(4)  # distinct first tokens: every position's context is unique, so loss can reach 0
     for optimizer in ("adamw", "muon"):
         model = tiny_model()
-        tc = gpt.TrainConfig(learning_rate=1e-2, min_lr=0.0, warmup_iters=0, max_iters=300, weight_decay=0.0,
+        tc = gpt.TrainConfig(learning_rate=1e-2, min_lr=0.0, warmup_iters=0, max_iters=150, weight_decay=0.0,
                              optimizer=optimizer)
         optimizers = gpt.configure_optimizers(model, tc)
         for it in range(tc.max_iters):

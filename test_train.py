@@ -275,14 +275,14 @@ def test_a_failed_torch_compile_is_one_line(tmp_path):
 
 
 def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
-    flags = tiny_flags(tmp_path, max_iters=60, eval_interval=30)
+    flags = tiny_flags(tmp_path, max_iters=30, eval_interval=15)
     proc = subprocess.Popen([sys.executable, "train.py", *flags, "--log_interval", "1"], cwd=HERE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     proc.stdout.readline(), proc.stdout.readline()
     proc.stdout.close()  # python train.py | head -2
     with proc.stderr:
         assert proc.wait(timeout=HANG) == 0 and proc.stderr.read() == b""
-    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 60
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 30
 
 
 def test_one_run_at_a_time_trains_in_an_out_dir(tmp_path):
