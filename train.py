@@ -28,8 +28,9 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 # A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not
-# given. The optimizer stays AdamW there, and the embedding at the others' rate: Muon and the
-# embedding's own rate won at equal time on 2 CPU cores (docs/benchmarks.md), unmeasured on a GPU.
+# given. The optimizer stays AdamW there, the embedding at the others' rate and the decay at 0.1:
+# Muon, the embedding's own rate and no decay won at equal time on 2 CPU cores (docs/benchmarks.md),
+# unmeasured on a GPU.
 CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                      dropout=0.1, learning_rate=1e-3, embedding_lr=1e-3, min_lr=1e-4, eval_iters=100,
                      weight_decay=0.1, optimizer="adamw")
