@@ -699,6 +699,8 @@ CANDIDATES = {
     "embedding at 0.1": dict(changes=dict(embedding_lr=0.1)),
     "AdamW at 6e-3": dict(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
     "before the third round": dict(changes=dict(weight_decay=0.1)),
+    # The fourth round: the bigram table in place of Muon's rising momentum, as gpt.py has room for one of them.
+    "bigram table, momentum flat": dict(model=bigram_table, changes=dict(muon_momentum_start=0.95)),
 }
 
 
