@@ -43,7 +43,7 @@ import gpt_numpy
 import muon
 import train
 
-GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True)
+GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bigram=0)
 # nanoGPT's CPU recipe (its README: shakespeare_char at 4 layers, 128 wide, context 64, batch 12, no dropout; bias off),
 # trained here with AdamW as nanoGPT trains it, so that a step is set beside its own.
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False)
@@ -655,42 +655,24 @@ def x0_shortcut(config):
     return model
 
 
-def bigram_table(config):
-    """A table of character pairs, (vocab_size + 1) x vocab_size rows from zero, added to the token embedding: the
-    row of (the token before, this token); a window's first token, with none before it in view, has a row of its
-    own."""
-    model = gpt.GPT(config)
-    V = config.vocab_size
-    model.bigram = torch.nn.Embedding((V + 1) * V, config.n_embd)
-    torch.nn.init.zeros_(model.bigram.weight)
-
-    def add_pairs(module, args, out):
-        idx = args[0]
-        before = torch.cat([torch.full_like(idx[:, :1], V), idx[:, :-1]], dim=1)  # (B, T)
-        return out + model.bigram(before * V + idx)
-
-    model.wte.register_forward_hook(add_pairs)
-    return model
-
-
 # The candidates for the default recipe (part 3 of the speedrun), each a change of today's default: TrainConfig
 # options, a schedule in place of gpt.lr_at, the training step through torch.compile (its compiling counted on the
 # run's clock), Muon's products in another dtype than muon.products_dtype chooses, or a model built otherwise.
 # "the recipe before" is the default before the speedrun's measurements: the embedding tied to the output layer, 100
-# warmup steps, a cosine, 4 layers, Muon's momentum 0.95 from the start; "before the second round" is the default
-# before 3 layers, the embedding's own rate and Muon's rising momentum were adopted.
+# warmup steps, a cosine, 4 layers, Muon's momentum 0.95 from the start, weight decay 0.1, no bigram table; "before the
+# second round" is the default before 3 layers, the embedding's own rate and Muon's rising momentum were adopted;
+# "before the third round", before weight decay went; "before the fourth round", before the bigram table.
 CANDIDATES = {
     "default": {},
     "the recipe before": dict(changes=dict(tie_weights=True, warmup_iters=100, n_layer=4, muon_momentum_start=0.95,
-                                           weight_decay=0.1), lr_at=cosine_lr),
+                                           weight_decay=0.1, bigram=0), lr_at=cosine_lr),
     "before the second round": dict(changes=dict(n_layer=4, embedding_lr=3e-3, muon_momentum_start=0.95,
-                                                 weight_decay=0.1)),
+                                                 weight_decay=0.1, bigram=0)),
     "context 64, batch 16": dict(changes=dict(block_size=64, batch_size=16)),
     "compile": dict(compile=True),
     "Muon in bfloat16": dict(products=torch.bfloat16),
     "output layer from zero": dict(model=zero_head),
     "x0 to every block": dict(model=x0_shortcut),
-    "bigram table": dict(model=bigram_table),
     "Newton-Schulz, 4 steps": dict(ns_steps=4),
     "Newton-Schulz, 3 steps": dict(ns_steps=3),
     # The third round: the default's rates and decay, each moved alone. No weight decay won and is the default now:
@@ -698,9 +680,10 @@ CANDIDATES = {
     "Muon at 0.02": dict(changes=dict(muon_lr=0.02)),
     "embedding at 0.1": dict(changes=dict(embedding_lr=0.1)),
     "AdamW at 6e-3": dict(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
-    "before the third round": dict(changes=dict(weight_decay=0.1)),
-    # The fourth round: the bigram table in place of Muon's rising momentum, as gpt.py has room for one of them.
-    "bigram table, momentum flat": dict(model=bigram_table, changes=dict(muon_momentum_start=0.95)),
+    "before the third round": dict(changes=dict(weight_decay=0.1, bigram=0)),
+    # The fourth round adopted the bigram table: the default before it is the candidate.
+    "before the fourth round": dict(changes=dict(bigram=0)),
+    "Muon's momentum flat": dict(changes=dict(muon_momentum_start=0.95)),
 }
 
 

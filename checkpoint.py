@@ -40,6 +40,8 @@ def load(path, device):
         # that a checkpoint of the layout before each map had a weight of its own is brought to
         # today's before gpt.load_checkpoint builds its model on device.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        # A checkpoint from before the bigram table has none.
+        ckpt["config"] = {"bigram": 0, **ckpt["config"]}
         split = split_maps(ckpt["model"], ckpt["config"])
         # Marked, in memory alone, for resume, which cuts the optimizers' states likewise.
         ckpt[OLD_LAYOUT] = split is not ckpt["model"]

@@ -25,8 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = dict(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=16)
 SWITCHES = {  # every architecture switch appears on and off
     "llama": dict(),
-    "gpt2": dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bias=True),
-    "mix": dict(norm="layernorm", pos="rope", mlp="gelu", tie_weights=False, bias=True),
+    "gpt2": dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bias=True, bigram=0),
+    "mix": dict(norm="layernorm", pos="rope", mlp="gelu", tie_weights=False, bias=True, bigram=0),
     "mix2": dict(norm="rmsnorm", pos="learned", mlp="swiglu", tie_weights=False, bias=False),
 }
 TEXT = Path(HERE, "input.txt").read_text(encoding="utf-8")[:30_000]
@@ -36,8 +36,13 @@ HANG = 600
 
 
 def tiny_model(seed=0, **overrides):
+    """A small gpt.GPT, its bigram table (where it has one) moved off its zeros, as training moves it, so that a test
+    sees what it adds."""
     torch.manual_seed(seed)
-    return gpt.GPT(gpt.GPTConfig(**{**TINY, **overrides}))
+    model = gpt.GPT(gpt.GPTConfig(**{**TINY, **overrides}))
+    if model.bigram is not None:
+        torch.nn.init.normal_(model.bigram.weight, std=0.02)
+    return model
 
 
 def tiny_train_config(tmp_path, **overrides):
@@ -183,10 +188,10 @@ def fixture_logits():
 
 # ---------------------------------------------------------------------------------------------------- the NumPy twin
 TWIN_CONFIGS = {  # B=3, T=7 < block_size=8
-    "gpt2": dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bias=True),
-    "llama": dict(norm="rmsnorm", pos="rope", mlp="swiglu", tie_weights=False, bias=False),
-    "mix": dict(norm="layernorm", pos="rope", mlp="swiglu", tie_weights=True, bias=True),
-    "mix2": dict(norm="rmsnorm", pos="learned", mlp="gelu", tie_weights=False, bias=False),
+    "gpt2": dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bias=True, bigram=0),
+    "llama": dict(norm="rmsnorm", pos="rope", mlp="swiglu", tie_weights=False, bias=False, bigram=40),
+    "mix": dict(norm="layernorm", pos="rope", mlp="swiglu", tie_weights=True, bias=True, bigram=0),
+    "mix2": dict(norm="rmsnorm", pos="learned", mlp="gelu", tie_weights=False, bias=False, bigram=200),
 }
 
 

@@ -45,8 +45,8 @@ def check_option(f, value):
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """The model's options, Llama's block by default (GPT-2's: norm="layernorm", pos="learned",
-    mlp="gelu", bias=True, tie_weights=True). Checked when made, then frozen."""
+    """The model's options: Llama's block and a bigram table (GPT-2's: norm="layernorm",
+    pos="learned", mlp="gelu", bias=True, tie_weights=True, bigram=0). Checked when made, frozen."""
     vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
     block_size: int = option(128, 1, math.inf, help="The context: the most tokens read at once.")
     n_layer: int = option(3, 1, math.inf, help="Transformer blocks.")
@@ -58,6 +58,7 @@ class GPTConfig:
     norm: str = option("rmsnorm", "rmsnorm", "layernorm", help="RMSNorm or LayerNorm.")
     pos: str = option("rope", "rope", "learned", help="Rotary or learned position embeddings.")
     mlp: str = option("swiglu", "swiglu", "gelu", help="SwiGLU or GELU's MLP.")
+    bigram: int = option(8192, 0, 2 ** 24, help="Rows of the token pairs' table (0: none).")
 
     def __post_init__(self):
         """Each option as its rule says, then the rules that tie two options."""
@@ -66,6 +67,9 @@ class GPTConfig:
         # Rotary positions turn pairs of channels within each head.
         if self.n_embd % (2 * self.n_head if self.pos == "rope" else self.n_head):
             raise ValueError(f"n_embd must be a multiple of n_head ({self.n_head}), twice for rope")
+        # TrainConfig's: no rising decay (learning_rate=1e-4 alone is below the default min_lr).
+        if getattr(self, "min_lr", 0) > getattr(self, "learning_rate", 1):
+            raise ValueError(f"min_lr must be at most learning_rate ({self.learning_rate})")
 
 
 def make_norm(config):
@@ -186,6 +190,9 @@ class GPT(nn.Module):
         # GPT-2's names: wte, the token embedding; wpe, learned positions (None: rope); h, blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
+        # A vector for each pair (token before, token), added to the embedding: what a bigram model
+        # knows, from the first step. 8192 rows hold every pair of 89 characters; more share rows.
+        self.bigram = nn.Embedding(config.bigram, config.n_embd) if config.bigram else None
         # The rotary tables (unused with learned positions), not saved: the config makes them again.
         for name, table in zip(("cos", "sin"), rope_tables(config)):
             self.register_buffer(name, table, persistent=False)
@@ -196,7 +203,8 @@ class GPT(nn.Module):
             # One matrix reads tokens in and scores them out: fewer parameters, each row used twice.
             self.lm_head.weight = self.wte.weight
         for name, p in self.named_parameters():
-            if name.endswith("bias"):
+            # The table starts at zero: it adds nothing until it learns what pairs tell.
+            if name.endswith("bias") or name.startswith("bigram"):
                 nn.init.zeros_(p)
             elif p.dim() >= 2:
                 # Each block adds two outputs to the residual stream; scaling them by
@@ -211,11 +219,16 @@ class GPT(nn.Module):
         start = 0 if cache is None else cache.pos
         if start + T > self.config.block_size or (start and T > 1):
             raise ValueError(f"{start} cached + {T} tokens: at most block_size, one after a cache")
-        x = self.wte(idx)  # (B, T, C)
         # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
         rope = None if self.wpe else (self.cos[start:start + T], self.sin[start:start + T])
-        if self.wpe:
-            x = x + self.wpe.weight[start:start + T]
+        x = self.wte(idx) + (self.wpe.weight[start:start + T] if self.wpe else 0)  # (B, T, C)
+        if self.bigram:
+            # The token before each: the cache's last, or -1 before a window's first, which has none
+            # in view. A pair's row is its number modulo the table's size: -1's count from the end.
+            before = cache.last if start else F.pad(idx, (1, 0), value=-1)[:, :-1]  # (B, T)
+            x = x + self.bigram((before * self.config.vocab_size + idx) % self.config.bigram)
+        if cache is not None:
+            cache.last = idx[:, -1:]
         for block in self.h:
             x = block(x, rope, cache)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
@@ -244,8 +257,9 @@ class GPT(nn.Module):
             raise ValueError(f"bad {wrong[0]}: idx (B, T) int64 in [0, vocab_size), max_new_tokens"
                              " an int >= 0, temperature >= 0, top_k an int >= 1, top_p in (0, 1]")
         cache = KVCache(self.config)
-        # The tokens the model conditions on: the last block_size of the prompt and the samples.
-        context = idx[:, -self.config.block_size:]
+        # The tokens the model conditions on: the last block_size of the prompt and the samples, in
+        # int64 (a pair's number, token before x vocab_size + token, may not fit in int32).
+        context = idx[:, -self.config.block_size:].long()
         for _ in range(max_new_tokens):
             # An empty cache reads the whole context; a filled one, the newest token alone. The last
             # position predicts the next token; in float32, as bfloat16 ties close logits.
@@ -299,12 +313,11 @@ CHECKPOINT = "ckpt.pt"
 def save_checkpoint(ckpt, path):
     """Writes path.tmp to the disk, then renames it to path: a crash or a failed write leaves a
     whole checkpoint there, this one or the one before (and path.tmp, which a save replaces)."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with open(path + ".tmp", "wb") as f:
         # torch.save flushes Python's buffer to the system; fsync, the system's to the disk.
         torch.save(ckpt, f)
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(path + ".tmp", path)
 
 
 def load_checkpoint(path, device=None):
@@ -342,12 +355,6 @@ class TrainConfig(GPTConfig):
     seed: int = option(1337, 0, 2 ** 32, help="Seed of the initial weights, the batches, dropout.")
     device: str = option("", help='cpu, cuda, cuda:N or mps ("": the best available).')
 
-    def __post_init__(self):
-        super().__post_init__()
-        # A decay that would rise (learning_rate=1e-4 alone is below the default min_lr).
-        if self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr must be at most learning_rate ({self.learning_rate})")
-
     def model_config(self, **changes):
         return GPTConfig(**({f.name: getattr(self, f.name) for f in fields(GPTConfig)} | changes))
 
@@ -382,8 +389,7 @@ def lr_at(tc, it, elapsed):
         return tc.learning_rate * (it + 1) / tc.warmup_iters
     done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
     # Held high, the rate learns fast; cooled, the weights settle (it beat a cosine at equal time).
-    left = min(1.0, max(0.0, (1 - done) / 0.6))
-    return tc.min_lr + left * (tc.learning_rate - tc.min_lr)
+    return tc.min_lr + min(1.0, max(0.0, (1 - done) / 0.6)) * (tc.learning_rate - tc.min_lr)
 
 
 def train_step(model, optimizers, batches, grad_clip=0.0, amp=torch.autocast("cpu", enabled=False)):
@@ -499,15 +505,14 @@ class Trainer:
         while not self.done():
             self.lr = lr_at(tc, self.it, self.elapsed)
             # One schedule for all, each group from its peak: learning_rate, embedding_lr, muon_lr.
-            for optimizer in self.optimizers:
-                for group in optimizer.param_groups:
-                    peak = group.setdefault("initial_lr", group["lr"])
-                    group["lr"] = peak * self.lr / tc.learning_rate
-                    if "momentum" in group:
-                        # Muon's momentum rises to muon_momentum by 0.1 per 300 steps: a shorter
-                        # memory while the weights move fast.
-                        start = tc.muon_momentum_start
-                        group["momentum"] = min(tc.muon_momentum, start + self.it / 3000)
+            for group in [g for optimizer in self.optimizers for g in optimizer.param_groups]:
+                peak = group.setdefault("initial_lr", group["lr"])
+                group["lr"] = peak * self.lr / tc.learning_rate
+                if "momentum" in group:
+                    # Muon's momentum rises to muon_momentum by 0.1 per 300 steps: a shorter memory
+                    # while the weights move fast.
+                    start = tc.muon_momentum_start
+                    group["momentum"] = min(tc.muon_momentum, start + self.it / 3000)
             batches = [self.batch("train") for _ in range(tc.grad_accum)]
             model = self.wrapped_model
             self.loss = train_step(model, self.optimizers, batches, tc.grad_clip, self.amp)

@@ -62,7 +62,8 @@ def from_state_dict(state_dict, n_head=None):
     n_layer = len({key.split(".")[1] for key in weights if key.startswith("h.")})
     config = gpt.GPTConfig(vocab_size=vocab_size, block_size=len(weights["wpe.weight"]),
                            n_layer=n_layer, n_head=n_head or n_embd // 64, n_embd=n_embd,
-                           bias=True, norm="layernorm", pos="learned", mlp="gelu", tie_weights=True)
+                           bias=True, norm="layernorm", pos="learned", mlp="gelu", tie_weights=True,
+                           bigram=0)
     model = gpt.GPT(config)
     # The output layer is the token embedding, tied, which some files hold a second time.
     weights["lm_head.weight"] = weights["wte.weight"]

@@ -9,7 +9,8 @@ from. Read it top to bottom, in the order it is learned:
 
 Two rules do most of the work, and the comments cite them by number:
   Rule 1. A value used twice gets the sum of its gradients: the residual stream, the tied
-          embedding, the normed input that c_q, c_k and c_v all map, x in x * x.
+          embedding, the normed input that c_q, c_k and c_v all map, x in x * x, a table's row
+          read at several positions.
   Rule 2. A broadcast in the forward is a sum in the backward, over the axes it was repeated along:
           a bias added at every position, a norm's gain, the position embedding added to every
           sequence.
@@ -56,6 +57,8 @@ class GPTConfig:
     pos: str = "rope"
     # or "gelu"
     mlp: str = "swiglu"
+    # rows of the token pairs' table; 0, none
+    bigram: int = 8192
 
 
 # ------------------------------------------------------------------------ how a backward is checked
@@ -468,6 +471,14 @@ class GPT:
             pos, saved["wpe"] = embedding_forward(np.arange(T), **self.params_of("wpe"))  # (T, C)
             # The same rows are added to every sequence: a broadcast over B.
             x = x + pos
+        if cfg.bigram:
+            # The bigram table, as gpt.py reads it: the row of each pair (token before, token), -1
+            # before a window's first token, numbered modulo the table's size.
+            before = np.pad(idx, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # (B, T)
+            rows = (before * cfg.vocab_size + idx) % cfg.bigram
+            # (B, T, C)
+            pairs, saved["bigram"] = embedding_forward(rows, **self.params_of("bigram"))
+            x = x + pairs
         for i in range(cfg.n_layer):
             # The names of block i's layers begin with b.
             b = f"h.{i}."
@@ -557,6 +568,9 @@ class GPT:
         if cfg.pos == "learned":
             # The same rows were added to every sequence (rule 2).
             back("wpe", embedding_backward, dx.sum(0))
+        if cfg.bigram:
+            # x = wte + pair: an addition hands dx to both.
+            back("bigram", embedding_backward, dx)
         # Tied, this adds to the head's gradient of the same matrix (rule 1).
         back("wte", embedding_backward, dx)
         return (grads, douts) if activations else grads
@@ -576,6 +590,9 @@ def init_params(config, seed=0, dtype=np.float32):
     p = {"wte.weight": normal(config.vocab_size, C)}
     if config.pos == "learned":
         p["wpe.weight"] = normal(config.block_size, C)
+    if config.bigram:
+        # From zero, as in gpt.py: it adds nothing until it learns what pairs tell.
+        p["bigram.weight"] = np.zeros((config.bigram, C), dtype)
 
     def norm(name):
         p[name + ".weight"] = np.ones(C, dtype)

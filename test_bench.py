@@ -188,7 +188,7 @@ def test_each_candidate_recipe_trains_as_it_says_in_alternating_rounds(tmp_path,
 
     def steps(trainer):  # what each run trains with: its options, gpt.lr_at as patched, Muon's products
         seen.append((trainer.tc.tie_weights, trainer.tc.warmup_iters, trainer.tc.n_layer, trainer.tc.embedding_lr,
-                     trainer.tc.muon_momentum_start, trainer.tc.max_time, gpt.lr_at,
+                     trainer.tc.muon_momentum_start, trainer.tc.bigram, trainer.tc.max_time, gpt.lr_at,
                      muon.products_dtype(torch.device("cpu"))))
         return real_steps(trainer)
 
@@ -197,9 +197,9 @@ def test_each_candidate_recipe_trains_as_it_says_in_alternating_rounds(tmp_path,
     rows = bench.bench_candidates(0.2, str(tmp_path / "text.txt"), names, rounds=2)
     assert [(r, c) for r, c, _ in rows] == [(1, n) for n in names] + [(2, n) for n in reversed(names)]
     assert all(run["iters"] >= 1 and math.isfinite(run["val_loss"]) for _, _, run in rows)
-    default = (False, 20, 3, 0.03, 0.85, 0.2, gpt.lr_at, muon.products_dtype(torch.device("cpu")))
-    assert seen[:4] == [default, (True, 100, 4, 0.03, 0.95, 0.2, bench.cosine_lr, default[-1]),
-                        (False, 20, 4, 3e-3, 0.95, *default[-3:]), (*default[:-1], torch.bfloat16)]
+    default = (False, 20, 3, 0.03, 0.85, 8192, 0.2, gpt.lr_at, muon.products_dtype(torch.device("cpu")))
+    assert seen[:4] == [default, (True, 100, 4, 0.03, 0.95, 0, 0.2, bench.cosine_lr, default[-1]),
+                        (False, 20, 4, 3e-3, 0.95, 0, *default[-3:]), (*default[:-1], torch.bfloat16)]
     assert gpt.lr_at is default[-2] and muon.products_dtype is bench.real_products  # put back after each run
     # The last evaluation, which the rows give, read the whole held-out split.
     assert all(run["val_loss"] > 0 for _, _, run in rows)
@@ -313,13 +313,14 @@ def test_bench_quality_trains_a_candidates_model_beside_nanogpt_when_asked(tmp_p
     (tmp_path / "text.txt").write_text(TEXT[:20_000], encoding="utf-8")
     monkeypatch.setattr(bench, "NANOGPT_RECIPE", dict(bench.NANOGPT_RECIPE, steps=20, warmup_iters=2))
     built = []
-    monkeypatch.setitem(bench.CANDIDATES, "bigram table",
-                        {"model": lambda config: built.append(bench.bigram_table(config)) or built[-1]})
+    monkeypatch.setitem(bench.CANDIDATES, "x0 to every block",
+                        {"model": lambda config: built.append(bench.x0_shortcut(config)) or built[-1]})
     bench.main(["--quality", "--nanogpt", str(tmp_path), "--data", str(tmp_path / "text.txt"), "--candidate",
-                "bigram table"])
+                "x0 to every block"])
     out = capsys.readouterr().out
-    # Ours is the candidate's model, trained: its table has moved from zero.
-    assert "\nours, the default with bigram table for " in out and len(built) == 1 and built[0].bigram.weight.any()
+    # Ours is the candidate's model, trained: its weights of x0 have moved from zero.
+    assert "\nours, the default with x0 to every block for " in out and len(built) == 1
+    assert all(block.lambdas[1] != 0 for block in built[0].h)
 
 
 def test_bench_quality_trains_nanogpts_model_py_by_its_recipe_then_ours_for_its_time_and_evaluates_both_alike(
@@ -390,29 +391,18 @@ def test_the_new_candidates_change_what_they_say_and_nothing_else():
     idx = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     plain = gpt.GPT(config)
-    builds = {name: bench.CANDIDATES[name]["model"] for name in ("output layer from zero", "x0 to every block",
-                                                                 "bigram table")}
+    builds = {name: bench.CANDIDATES[name]["model"] for name in ("output layer from zero", "x0 to every block")}
     models = {}
     for name, build in builds.items():
         torch.manual_seed(0)
         models[name] = build(config)
     assert not models["output layer from zero"].lm_head.weight.any()
-    # x0's weights start at (1, 0) and the pair table at zero: the default model's logits, until they learn.
-    for name in ("x0 to every block", "bigram table"):
-        assert torch.allclose(models[name](idx)[0], plain(idx)[0])
+    # x0's weights start at (1, 0): the default model's logits, until they learn.
+    assert torch.allclose(models["x0 to every block"](idx)[0], plain(idx)[0])
     model = models["x0 to every block"]
     _, loss = model(idx, idx)
     loss.backward()
     assert all(block.lambdas.grad[1] != 0 for block in model.h)
-    # A row of the table moves the embedding of the positions with that pair alone: token 3 after token 5, or 7
-    # first in the window.
-    model = models["bigram table"]
-    with torch.no_grad():
-        model.bigram.weight[5 * 13 + 3] = 1.0
-        model.bigram.weight[13 * 13 + 7] = 1.0
-    idx = torch.tensor([[7, 5, 3, 3, 5, 4]])
-    moved = (model.wte(idx) - plain.wte(idx)).abs().amax(-1)[0] > 0
-    assert moved.tolist() == [True, False, True, False, False, False]
 
 
 @pytest.mark.parametrize("name, steps", [("default", 5), ("Newton-Schulz, 4 steps", 4), ("Newton-Schulz, 3 steps", 3)])

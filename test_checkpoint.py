@@ -187,6 +187,19 @@ def test_a_run_recorded_before_the_embeddings_rate_and_the_rising_momentum_goes_
     assert (options["embedding_lr"], options["muon_momentum_start"]) == (2e-3, 0.9)
 
 
+def test_a_checkpoint_from_before_the_bigram_table_loads_and_resumes_without_one(tmp_path):
+    trainer = gpt.Trainer(tiny_train_config(tmp_path, bigram=0), TEXT, log=quiet)
+    next(trainer.steps())
+    trainer.save()
+    path = str(tmp_path / "out" / "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["config"]["bigram"], ckpt["train_config"]["bigram"]
+    torch.save(ckpt, path)
+    model, _, loaded = checkpoint.load(path, "cpu")
+    assert model.bigram is None and loaded["config"]["bigram"] == 0
+    assert checkpoint.resumed_options(gpt.TrainConfig(), loaded, path, {}, quiet)["bigram"] == 0
+
+
 def test_the_optimizers_states_of_the_old_layout_are_cut_as_its_weights_are(tmp_path):
     ckpt = torch.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), weights_only=True)
     model, tokenizer, loaded = checkpoint.load(os.path.join(BEFORE_SPLIT, "ckpt.pt"), "cpu")

@@ -212,9 +212,10 @@ def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
     assert workbook.check(log=lines.append)
     table = "\n".join(lines)
     for layer in ("crossentropy", "linear", "layernorm", "rmsnorm", "gelu", "swiglu", "attention", "attention, rope",
-                  "softmax", "rope", "embedding", "model (gpt2): h.1.mlp.c_fc.bias", "model (llama): lm_head.weight"):
+                  "softmax", "rope", "embedding", "model (gpt2): h.1.mlp.c_fc.bias", "model (llama): lm_head.weight",
+                  "model (llama): bigram.weight"):
         assert f"\n{layer}" in table, layer
-    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "82 ok, 0 WRONG, 0 ERROR"
+    assert not [line for line in lines[:-1] if line.endswith("WRONG")] and lines[-1] == "83 ok, 0 WRONG, 0 ERROR"
 
 
 def layernorm_without_the_mean(dout, saved, right=gpt_numpy.layernorm_backward):
@@ -308,7 +309,7 @@ def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_i
     lines = []
     assert not workbook.check(log=lines.append, twin=twin)
     assert "model (llama): " in lines[-2] and any(line.startswith("embedding: ") for line in lines), lines  # to the end
-    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("82 ok")
+    assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("83 ok")
     assert says is None or any(says in line for line in lines), lines
     if says is None or "ERROR" in says:  # from the command line too: a raise or a NaN in a model, no traceback
         done = run_cli(str(tmp_path / "broken_twin.py"), "--check")
@@ -334,7 +335,7 @@ def test_check_runs_where_torch_cannot_be_imported():
             "runpy.run_path('gpt_numpy.py', run_name='__main__')")
     done = run_cli("-c", code)
     assert done.returncode == 0, done.stderr
-    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("82 ok, 0 WRONG, 0 ERROR")
+    assert "model (llama): lm_head.weight" in done.stdout and done.stdout.strip().endswith("83 ok, 0 WRONG, 0 ERROR")
     closed = subprocess.Popen([sys.executable, "gpt_numpy.py", "--check"], cwd=HERE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     closed.stdout.readline()
@@ -377,7 +378,7 @@ def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches
     lines = []
     assert not workbook.check(log=lines.append, twin=twin)
     rows = verdicts(lines)
-    assert len(rows) == 82 and lines[-1].endswith("ERROR: first softmax: dx")  # every row, the piece first
+    assert len(rows) == 83 and lines[-1].endswith("ERROR: first softmax: dx")  # every row, the piece first
     where = f"ValueError: operands could not be broadcast together with shapes (2,5,5) (2,5) (in softmax_backward, " \
             f"broken_twin.py:{line})"
     assert any(row.startswith("softmax: dx") and row.endswith(where) for row in lines), lines

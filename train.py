@@ -213,8 +213,11 @@ def prepare(trainer, log, compile, world):
         trainer.wrapped_model = torch.compile(trainer.wrapped_model)
     distributed.wrap(trainer, world)
     n_params = sum(p.numel() for p in trainer.model.parameters())
+    # The bigram table's rows are read one a token: said apart, they are most of a small model's count.
+    bigram = trainer.model.bigram
+    table = f" ({bigram.weight.numel() / 1e6:.2f}M in the bigram table)" if bigram is not None else ""
     processes = f", {world} processes" if world > 1 else ""
-    log(f"{n_params / 1e6:.2f}M parameters on {trainer.device}{processes}; "
+    log(f"{n_params / 1e6:.2f}M parameters{table} on {trainer.device}{processes}; "
         f"{len(trainer.splits['train']):,} tokens to train on, {len(trainer.splits['val']):,} held out")
 
 

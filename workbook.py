@@ -230,8 +230,9 @@ def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **
     return [compared(name, grad, numeric, tolerance) for name, grad, numeric in found]
 
 
-GPT2 = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True)
-LLAMA = dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False, tie_weights=False)
+GPT2 = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True, bigram=0)
+# A bigram table of fewer rows than the (V + 1) x V pairs: rows shared, each read more than once.
+LLAMA = dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False, tie_weights=False, bigram=10)
 # The check's models: a batch of B sequences of T tokens, width C, nh heads, a vocabulary of V.
 B, T, C, NH, V = 2, 5, 8, 2, 7
 
