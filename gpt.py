@@ -95,8 +95,8 @@ def rope_forward(x, cos, sin):
 
 
 class KVCache:
-    """Each layer's keys and values so far, for sampling: allocated once, to block_size, written in
-    place (torch.cat would copy it all every token). pos: the positions filled; 0 starts again."""
+    """Keys and values of each layer so far, allocated once to block_size and written in place (a
+    cat would copy all every token). pos: positions filled (0 starts again); last: last ids read."""
 
     def __init__(self, config):
         self.config = config
@@ -191,7 +191,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
         # A vector for each pair (token before, token), added to the embedding: what a bigram model
-        # knows, from the first step. 8192 rows hold every pair of 89 characters; more share rows.
+        # knows, from the first step. 8192 rows hold every pair of 90 tokens; more share rows.
         self.bigram = nn.Embedding(config.bigram, config.n_embd) if config.bigram else None
         # The rotary tables (unused with learned positions), not saved: the config makes them again.
         for name, table in zip(("cos", "sin"), rope_tables(config)):
@@ -203,7 +203,7 @@ class GPT(nn.Module):
             # One matrix reads tokens in and scores them out: fewer parameters, each row used twice.
             self.lm_head.weight = self.wte.weight
         for name, p in self.named_parameters():
-            # The table starts at zero: it adds nothing until it learns what pairs tell.
+            # Biases and the bigram table start at zero: the table adds nothing until it learns.
             if name.endswith("bias") or name.startswith("bigram"):
                 nn.init.zeros_(p)
             elif p.dim() >= 2:
@@ -213,7 +213,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
 
     def forward(self, idx, targets=None, cache=None):
-        """The logits (B, T, vocab_size) of ids (B, T); the loss for targets (B, T), else None."""
+        """Logits (B, T, vocab_size) of int64 ids (B, T); the loss for targets (B, T), else None."""
         T = idx.size(1)
         # With a cache, these positions follow those it holds, one at a time (see the attention).
         start = 0 if cache is None else cache.pos
@@ -224,7 +224,7 @@ class GPT(nn.Module):
         x = self.wte(idx) + (self.wpe.weight[start:start + T] if self.wpe else 0)  # (B, T, C)
         if self.bigram:
             # The token before each: the cache's last, or -1 before a window's first, which has none
-            # in view. A pair's row is its number modulo the table's size: -1's count from the end.
+            # in view. A pair's row is its number modulo the rows: with -1, the table's last rows.
             before = cache.last if start else F.pad(idx, (1, 0), value=-1)[:, :-1]  # (B, T)
             x = x + self.bigram((before * self.config.vocab_size + idx) % self.config.bigram)
         if cache is not None:
@@ -325,7 +325,8 @@ def load_checkpoint(path, device=None):
     path itself, a checkpoint read already."""
     # weights_only: a downloaded checkpoint cannot run code. To the CPU: torch.load maps no cpu:0.
     ckpt = path if type(path) is dict else torch.load(path, map_location="cpu", weights_only=True)
-    model = GPT(GPTConfig(**ckpt["config"]))
+    # A checkpoint from before the bigram table has none.
+    model = GPT(GPTConfig(**{"bigram": 0, **ckpt["config"]}))
     model.load_state_dict(ckpt["model"])
     tokenizer = None if ckpt.get("chars") is None else CharTokenizer(ckpt["chars"])
     return model.to(get_device(device)).eval(), tokenizer, ckpt
@@ -361,7 +362,7 @@ class TrainConfig(GPTConfig):
 
 def configure_optimizers(model, tc, device_type="cpu"):
     """[AdamW], or with tc.optimizer "muon" [AdamW, Muon]: Muon for the blocks' matrices."""
-    # Muon moves all of a matrix's directions alike; wte and lm_head, a row per token, keep AdamW.
+    # Muon moves all of a matrix's directions alike; tables of rows (wte, lm_head, bigram): AdamW.
     blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
     muon = blocks if tc.optimizer == "muon" else []
     # A row of the embedding moves only when its token is read: it learns faster at a higher rate.

@@ -182,7 +182,7 @@ def embedding_forward(idx, weight):
 # indices are integers: they have no gradient.
 def embedding_backward(dout, saved):
     idx, shape = saved
-    dweight = np.zeros(shape, dtype=dout.dtype)  # (vocab_size, C)
+    dweight = np.zeros(shape, dtype=dout.dtype)  # (rows, C): vocab_size's, or the bigram table's
     np.add.at(dweight, idx, dout)
     return None, {"weight": dweight}
 
@@ -569,7 +569,7 @@ class GPT:
             # The same rows were added to every sequence (rule 2).
             back("wpe", embedding_backward, dx.sum(0))
         if cfg.bigram:
-            # x = wte + pair: an addition hands dx to both.
+            # x = wte (+ wpe) + pairs: an addition hands dx to each.
             back("bigram", embedding_backward, dx)
         # Tied, this adds to the head's gradient of the same matrix (rule 1).
         back("wte", embedding_backward, dx)

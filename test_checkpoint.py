@@ -198,6 +198,7 @@ def test_a_checkpoint_from_before_the_bigram_table_loads_and_resumes_without_one
     model, _, loaded = checkpoint.load(path, "cpu")
     assert model.bigram is None and loaded["config"]["bigram"] == 0
     assert checkpoint.resumed_options(gpt.TrainConfig(), loaded, path, {}, quiet)["bigram"] == 0
+    assert gpt.load_checkpoint(path, "cpu")[0].bigram is None  # gpt.py alone loads it too
 
 
 def test_the_optimizers_states_of_the_old_layout_are_cut_as_its_weights_are(tmp_path):
