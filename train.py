@@ -213,7 +213,7 @@ def prepare(trainer, log, compile, world):
         trainer.wrapped_model = torch.compile(trainer.wrapped_model)
     distributed.wrap(trainer, world)
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    # The bigram table's rows are read one a token: said apart, they are most of a small model's count.
+    # The bigram table's rows are read one per token: said apart, as they are most of a small model's count.
     bigram = trainer.model.bigram
     table = f" ({bigram.weight.numel() / 1e6:.2f}M in the bigram table)" if bigram is not None else ""
     processes = f", {world} processes" if world > 1 else ""
