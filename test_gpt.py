@@ -382,7 +382,8 @@ def test_kv_cache_logits_equal_full_forward(name):
 
 
 def test_an_int32_prompt_samples_as_its_int64_copy_where_a_pairs_number_outgrows_int32():
-    model = tiny_model(vocab_size=60_000).eval()
+    # 5,000 rows: with a power of two, int32's wrapping (by 2^32) would leave every row as it is.
+    model = tiny_model(vocab_size=60_000, bigram=5_000).eval()
     with torch.no_grad():
         model.bigram.weight.normal_()  # pairs that decide the next token
     idx = torch.tensor([[59_999, 59_998, 7, 50_000]])  # 59,999 x 60,000 + 59,998 > 2^31
