@@ -379,7 +379,7 @@ def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches
     assert not workbook.check(log=lines.append, twin=twin)
     rows = verdicts(lines)
     assert len(rows) == 83 and lines[-1].endswith("ERROR: first softmax: dx")  # every row, the piece first
-    where = f"ValueError: operands could not be broadcast together with shapes (2,5,5) (2,5) (in softmax_backward, " \
+    where = f"ValueError: operands could not be broadcast together with shapes (3,5,5) (3,5) (in softmax_backward, " \
             f"broken_twin.py:{line})"
     assert any(row.startswith("softmax: dx") and row.endswith(where) for row in lines), lines
     raised = [row for row in lines if row[61:].startswith("ERROR")]
@@ -392,16 +392,17 @@ def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches
 
 @pytest.mark.parametrize("name, broken, says", [
     ("crossentropy_backward", lambda dloss, saved: ((saved[0] - np.eye(saved[0].shape[-1])[saved[1]]) * dloss, {}),
-     "crossentropy: dx .* WRONG  off by a factor of 10$"),  # the 1/N of N = 10 positions dropped
+     "crossentropy: dx .* WRONG  off by a factor of 15$"),  # the 1/N of N = 15 positions dropped
     ("softmax_backward", lambda dout, p: (-p * (dout - (dout * p).sum(-1, keepdims=True)), {}),
      "softmax: dx .* WRONG  the sign$"),
     ("gelu_backward", lambda dout, saved, right=gpt_numpy.gelu_backward: (0.5 * right(dout, saved)[0], {}),
      "gelu: dx .* WRONG  off by a factor of 0.5$"),
     ("rmsnorm_backward", lambda dout, saved: (2 * saved[1] * dout * saved[2],
                                               {"weight": (dout * saved[0]).sum((0, 1))}),
-     r"rmsnorm: dx .* WRONG  first entries that differ, ours vs finite differences: -?[\d.]+(e[-+]\d+)? vs -?\d"),
+     r"rmsnorm: dx .* WRONG  \d+ of 120 entries differ, the most at \[\d, \d, \d\]: ours -?[\d.]+(e[-+]\d+)? vs "
+     r"finite differences -?\d"),
 ])
-def test_a_wrong_row_says_its_constant_factor_or_its_first_entries(monkeypatch, name, broken, says):
+def test_a_wrong_row_says_its_constant_factor_or_where_it_differs(monkeypatch, name, broken, says):
     monkeypatch.setattr(gpt_numpy, name, broken)
     lines = []
     assert not workbook.check(log=lines.append)
@@ -475,7 +476,7 @@ def test_check_layer_is_not_fooled_by_a_backward_that_writes_into_its_arrays():
         assert row.verdict == "WRONG" and row.error > 0.1, (backward.__name__, row)
 
 
-def test_check_layer_passes_a_right_gradient_whatever_forward_and_backward_write_in_place():
+def test_check_layer_passes_a_right_gradient_whatever_the_forward_writes_in_place():
     x = np.random.default_rng(0).standard_normal((4, 5))
     kept = x.copy()
 
@@ -484,10 +485,22 @@ def test_check_layer_passes_a_right_gradient_whatever_forward_and_backward_write
         x *= x * x  # out is the input array itself
         return x, saved
 
+    [row] = workbook.check_layer(cube_in_place, lambda dout, x: (dout * 3 * x ** 2, {}), x)
+    assert row.verdict == "ok", row
+    assert np.array_equal(x, kept)  # the caller's array as it was
+
+
+def test_a_right_backward_that_writes_into_dout_or_what_was_saved_is_named_at_its_own_rows():
+    x = np.random.default_rng(0).standard_normal((4, 5))
+
     def right_in_place(dout, x):
         dout *= 3 * x ** 2
-        x += 1  # after use
         return dout, {}
+
+    def spoils_x(dout, x):
+        dx = dout * 3 * x ** 2
+        x += 1  # after use
+        return dx, {}
 
     def scale_forward(x, weight):
         return x * weight, (x, weight)
@@ -498,11 +511,17 @@ def test_check_layer_passes_a_right_gradient_whatever_forward_and_backward_write
         weight += 5  # after use
         return dx, {"weight": (dout * x).sum(0)}
 
-    for forward, backward, params in ((cube_in_place, right_in_place, {}), (cube_forward, right_in_place, {}),
-                                      (scale_forward, spoils_the_weight, dict(weight=np.linspace(1, 2, 5)))):
+    for forward, backward, params, says in (
+            (cube_forward, right_in_place, {}, "right_in_place changed dout in place"),
+            (cube_forward, spoils_x, {}, "spoils_x changed x, which its forward saved, in place"),
+            (scale_forward, spoils_the_weight, dict(weight=np.linspace(1, 2, 5)),
+             "spoils_the_weight changed weight, which its forward saved, in place")):
         rows = workbook.check_layer(forward, backward, x, **params)
-        assert [row.verdict for row in rows] == ["ok"] * (1 + len(params)), (forward.__name__, rows)
-    assert np.array_equal(x, kept)  # the caller's array as it was
+        # The gradients are right, and each row of the layer says what the backward changed.
+        assert all(row.error < 1e-8 and row.verdict == "WRONG" and says in str(row) for row in rows), rows
+    # Written into a copy, the same backward passes.
+    [row] = workbook.check_layer(cube_forward, lambda dout, x: right_in_place(dout.copy(), x), x)
+    assert row.verdict == "ok", row
 
 
 LINEAR_DOUT = "    dout2 = dout.reshape(-1, dout.shape[-1])  # (B*T, out)\n"
@@ -512,7 +531,7 @@ LINEAR_END = "        dparams[\"bias\"] = dout2.sum(0)  # (out,)\n    return dx,
 @pytest.mark.parametrize("change, to, wrong", [
     (LINEAR_DOUT, LINEAR_DOUT + "    dout2 *= 2\n", {"linear: dx", "linear: dweight", "linear: dbias"}),
     (LINEAR_DOUT, "    dout *= 2\n" + LINEAR_DOUT, {"linear: dx", "linear: dweight", "linear: dbias"}),
-    (LINEAR_DOUT, LINEAR_DOUT + "    x += 1\n", {"linear: dweight"}),
+    (LINEAR_DOUT, LINEAR_DOUT + "    x += 1\n", {"linear: dx", "linear: dweight", "linear: dbias"}),
 ])
 def test_an_in_place_write_in_linear_backward_turns_its_rows(tmp_path, change, to, wrong):
     twin = broken_twin(tmp_path, change, to)
@@ -528,10 +547,21 @@ def test_an_in_place_write_in_linear_backward_turns_its_rows(tmp_path, change, t
     assert rows["model (gpt2): h.0.attn.c_q.weight"] == rows["model (llama): h.0.attn.c_q.weight"] == "WRONG"
 
 
-def test_a_right_backward_that_spoils_its_weight_after_use_still_passes_everywhere(tmp_path):
-    twin = broken_twin(tmp_path, LINEAR_END, LINEAR_END.replace("    return", "    weight *= 1.5\n    return"))
+@pytest.mark.parametrize("change, to, says", [
+    (LINEAR_END, LINEAR_END.replace("    return", "    weight *= 1.5\n    return"),
+     "linear_backward changed weight, which its forward saved, in place"),  # the model's own weight, after use
+    (LINEAR_END, LINEAR_END.replace("    return", "    dout[...] = 0\n    return"),
+     "linear_backward changed dout in place"),  # the residual's gradient, which GPT.backward reads again
+])
+def test_a_backward_that_writes_in_place_after_use_is_named_at_its_own_row_first(tmp_path, change, to, says):
+    twin = broken_twin(tmp_path, change, to)
     lines = []
-    assert workbook.check(log=lines.append, twin=twin), "\n".join(lines)
+    assert not workbook.check(log=lines.append, twin=twin)
+    rows = verdicts(lines)
+    said = [line for line in lines if says in line]
+    # The layer's own rows say it, first in the table and in the summary; the models' wrong rows say it too.
+    assert lines[-1].endswith("first linear: dx") and said[:3] == [line for line in lines if line.startswith("linear")]
+    assert all(says in line for line in lines if line.startswith("model (") and rows[line[:44].strip()] == "WRONG")
 
 
 @pytest.mark.parametrize("name", ["gelu_backward", "rmsnorm_backward"])
@@ -547,6 +577,170 @@ def test_the_tables_row_turns_for_a_layer_that_scales_dout_in_place(monkeypatch,
     assert not workbook.check(log=lines.append)
     layer = name[:-len("_backward")]
     assert verdicts(lines)[f"{layer}: dx"] == "WRONG"
+
+
+# ------------------------------------------------------------------------------------ the check points at the slip
+HEAD = '        dh = back("lm_head", linear_backward, dlogits, params=self.head)  # (B, T, C)\n'
+
+
+def test_a_slip_in_one_row_of_one_tensor_turns_that_tensor_alone_and_says_the_row(tmp_path):
+    twin = broken_twin(tmp_path, HEAD, HEAD + '        grads[self.head + ".weight"][2] *= 2\n')
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin)
+    assert {n for n, v in verdicts(lines).items() if v != "ok"} == {"model (gpt2): wte.weight",
+                                                                    "model (llama): lm_head.weight"}
+    assert re.search(r"model \(llama\): lm_head.weight .* WRONG  rows 2 of 7 differ, the most at \[2, \d\]: ours "
+                     r"-?[\d.]+ vs finite differences -?[\d.]+$", "\n".join(lines), re.M), lines
+    lines = []
+    assert workbook.check(log=lines.append, only="model")  # the right one passes
+
+
+@pytest.mark.parametrize("name, entry", [("lm_head.weight", (6, 7)), ("h.0.mlp.c_fc.weight", (63, 0)),
+                                         ("h.1.ln_2.weight", (5,)), ("bigram.weight", (9, 3))])
+def test_a_slip_in_any_one_entry_of_a_model_gradient_is_wrong(monkeypatch, name, entry):
+    right = gpt_numpy.GPT.backward
+
+    def off_at_one_entry(self, activations=False):
+        grads = right(self, activations)
+        grads[name][entry] += 1e-3 * np.abs(grads[name]).max()
+        return grads
+
+    monkeypatch.setattr(gpt_numpy.GPT, "backward", off_at_one_entry)
+    rows = workbook.check_model("llama", workbook.LLAMA, np.random.default_rng(0))
+    assert [row.name for row in rows if row.verdict != "ok"] == [f"model (llama): {name}"], rows
+    monkeypatch.setattr(gpt_numpy.GPT, "backward", right)
+    assert all(row.verdict == "ok" for row in workbook.check_model("llama", workbook.LLAMA, np.random.default_rng(0)))
+
+
+@pytest.mark.parametrize("change, to, wrong", [
+    # Right only where the sequence is as long as the block.
+    ('back("wpe", embedding_backward, dx.sum(0))', 'grads["wpe.weight"] += dx.sum(0)', ("model (gpt2): ",)),
+    # Right only where the batch is as large as the number of heads.
+    ("    B, nh, T, hs = q.shape\n", "    nh, B, T, hs = q.shape\n", ("attention", "model (")),
+])
+def test_the_check_runs_a_sequence_shorter_than_the_block_and_a_batch_unlike_the_heads(tmp_path, change, to, wrong):
+    twin = broken_twin(tmp_path, change, to)
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin)
+    assert {n for n, v in verdicts(lines).items() if v != "ok"} == {n for n in verdicts(lines) if n.startswith(wrong)}
+
+
+def in_float32(backward):
+    """backward, computed in float32 from float32 copies of its dout and saved arrays."""
+
+    def float32(value):
+        if isinstance(value, np.ndarray) and value.dtype == np.float64:
+            return value.astype(np.float32)
+        if isinstance(value, tuple):
+            return type(value)(*map(float32, value)) if hasattr(value, "_fields") else tuple(map(float32, value))
+        return np.float32(value) if isinstance(value, float) else value
+
+    return lambda dout, saved: backward(float32(dout), float32(saved))
+
+
+def test_a_right_backward_in_float32_passes_every_row_and_a_slip_in_float32_does_not(monkeypatch):
+    for name in [n for n in dir(gpt_numpy) if n.endswith("_backward")]:
+        monkeypatch.setattr(gpt_numpy, name, in_float32(getattr(gpt_numpy, name)))
+    lines = []
+    assert workbook.check(log=lines.append), "\n".join(line for line in lines if not line.endswith("ok"))
+    # The keys' bias of GPT-2's block, zero in exact arithmetic, holds float32's rounding noise and passes.
+    assert verdicts(lines)["model (gpt2): h.0.attn.c_k.bias"] == "ok"
+    right = gpt_numpy.linear_backward
+
+    def averaged_bias(dout, saved):
+        dx, dparams = right(dout, saved)
+        if "bias" in dparams:
+            dparams["bias"] = dparams["bias"] / 15  # a mean over the 15 positions, not their sum
+        return dx, dparams
+
+    monkeypatch.setattr(gpt_numpy, "linear_backward", averaged_bias)
+    lines = []
+    assert not workbook.check(log=lines.append, only="linear")
+    rows = verdicts(lines)
+    assert rows["linear: dbias"] == "WRONG" and rows["model (gpt2): h.1.attn.c_q.bias"] == "WRONG"
+    assert rows["model (gpt2): h.1.attn.c_k.bias"] == "ok"  # zero, averaged or summed
+
+
+def linear_like(dparams_of):
+    """A linear backward whose parameters' gradients are dparams_of(the right ones)."""
+    return lambda dout, saved: (lambda dx, dparams: (dx, dparams_of(dparams)))(*gpt_numpy.linear_backward(dout, saved))
+
+
+def check_linear(backward):
+    rng = np.random.default_rng(1)  # not the seed of the check's dout: x and dout differ
+    return {row.name: row for row in workbook.check_layer(gpt_numpy.linear_forward, backward,
+                                                          rng.standard_normal((3, 5, 4)),
+                                                          weight=rng.standard_normal((4, 4)),
+                                                          bias=rng.standard_normal(4))}
+
+
+def test_a_missing_or_unexpected_gradient_is_named_and_the_other_rows_still_checked():
+    rows = check_linear(linear_like(lambda d: {"wieght": d["weight"], "bias": d["bias"]}))
+    assert [(n, r.verdict) for n, r in rows.items()] == [("x", "ok"), ("weight", "ERROR"), ("bias", "ok"),
+                                                          ("wieght", "ERROR")]
+    assert rows["weight"].raised == "no gradient for weight; the backward gave wieght, bias"
+    assert "a gradient for wieght, which the layer does not have (its parameters: weight, bias)" in str(rows["wieght"])
+    rows = check_linear(linear_like(lambda d: {"weight": d["weight"]}))  # a forgotten bias
+    assert [(n, r.verdict) for n, r in rows.items()] == [("x", "ok"), ("weight", "ok"), ("bias", "ERROR")]
+    assert rows["bias"].raised == "no gradient for bias; the backward gave weight"
+    assert all(r.verdict == "ok" for r in check_linear(gpt_numpy.linear_backward).values())
+
+
+def test_a_swap_is_named_in_a_layer_and_in_the_model(tmp_path, monkeypatch):
+    rows = check_linear(linear_like(lambda d: {"weight": d["weight"].T, "bias": d["bias"]}))
+    assert rows["weight"].verdict == "WRONG" and "its values are" not in str(rows["weight"])  # a transpose: no swap
+    rows = check_linear(linear_like(lambda d: {"weight": d["bias"], "bias": d["weight"]}))
+    said = "dweight has the shape (4,), not weight's (4, 4); it is dbias's: the two are swapped"
+    assert rows["weight"].raised == said
+    assert rows["bias"].raised.endswith("it is dweight's: the two are swapped") and rows["x"].verdict == "ok"
+    rng = np.random.default_rng(0)
+    qkv = {name: rng.standard_normal((3, 5, 8)) for name in "qkv"}
+    right = gpt_numpy.attention_backward
+    swapped = lambda dout, saved: (lambda d, p: ((d[0], d[2], d[1]), p))(*right(dout, saved))
+    rows = {r.name: r for r in workbook.check_layer(lambda q, k, v: gpt_numpy.attention_forward(q, k, v, 2), swapped,
+                                                    qkv)}
+    assert "its values are dv's: the two are swapped" in str(rows["k"]) and "dk's" in str(rows["v"])
+    assert rows["q"].verdict == "ok"
+    twin = broken_twin(tmp_path, 'dh = back(block + "attn.c_v", linear_backward, dv)',
+                       'dh = back(block + "attn.c_v", linear_backward, dk)')
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin, only="model")
+    said = [line for line in lines if "the two are swapped" in line]
+    assert said and said[0].startswith("model (gpt2): h.1.attn.c_v.weight") and \
+        said[0].endswith("its values are h.1.attn.c_k.weight's gradient: the two are swapped"), lines
+
+
+def test_the_model_rows_go_from_the_loss_back_so_the_summary_names_the_wrong_tensor_nearest_it(tmp_path):
+    lines = []
+    assert workbook.check(log=lines.append, only="model")
+    tensors = [name[len("model (llama): "):] for name in verdicts(lines) if name.startswith("model (llama): ")]
+    assert tensors[:3] == ["lm_head.weight", "ln_f.weight", "h.1.mlp.c_proj.weight"] and tensors[-1] == "wte.weight"
+    assert set(tensors) == set(gpt_numpy.init_params(workbook.model_config(gpt_numpy, LLAMA)))
+    # A slip at block 1's MLP turns everything below it: the summary names the tensor the slip reaches first.
+    twin = broken_twin(tmp_path, 'dh = back(block + "mlp.c_fc", linear_backward, dup)',
+                       'dh = back(block + "mlp.c_fc", linear_backward, dgate)')
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin, only="model")
+    assert lines[-1].endswith("first model (llama): h.1.mlp.c_fc.weight"), lines[-1]
+
+
+def test_an_error_in_a_helper_is_located_at_the_learners_line_that_called_it(tmp_path):
+    twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
+    number = next(n for n, ex in enumerate(workbook.exercises(), 1) if ex.get("check") == "model")
+    path, _ = workbook.start_exercise(number, twin)
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    body = workbook.blanked(source, "GPT.backward")[1]
+    change = 'dh = back(block + "attn.c_v", linear_backward, dv)'
+    blank = Path(path).read_text(encoding="utf-8")
+    hole = re.search(r"\n( *raise NotImplementedError\(.*\)\n)", blank).group(1)
+    Path(path).write_text(blank.replace(hole, body.replace(change, change.replace("dv)", "dv[..., :-1])"))),
+                          encoding="utf-8")
+    line = Path(path).read_text(encoding="utf-8").split("dv[..., :-1])")[0].count("\n") + 1
+    lines = []
+    assert not workbook.check(twin=imported(path), only="model", log=lines.append)
+    raised = [row for row in lines[1:-1] if row[61:].startswith("ERROR")]
+    assert raised and all(row.endswith(f"(in linear_backward, called from backward, exercise_{number}.py:{line})")
+                          for row in raised), raised
 
 
 # ---------------------------------------------------------------------------------------------------- the workbook

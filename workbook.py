@@ -138,25 +138,29 @@ class Muon:
 class Row:
     """One row of the check: a gradient's name and its largest relative error against finite
     differences, ok when at most the tolerance, else WRONG with what kind of wrong; or ERROR, with
-    the one line of the exception raised and where in the learner's code."""
+    the one line of the exception raised and where in the learner's code. A problem (a backward
+    that changed its dout in place) makes the row WRONG whatever its error."""
 
-    def __init__(self, name, error=math.inf, tolerance=1e-6, raised=None, detail=""):
+    def __init__(self, name, error=math.inf, tolerance=1e-6, raised=None, detail="", problem=None):
         self.name = name
         self.error = error
         self.tolerance = tolerance
         self.raised = raised
         self.detail = detail
+        self.problem = problem
 
     @property
     def verdict(self):
         if self.raised is not None:
             return "ERROR"
-        return "ok" if self.error <= self.tolerance else "WRONG"
+        return "ok" if self.error <= self.tolerance and self.problem is None else "WRONG"
 
     def __str__(self):
         if self.raised is not None:
             return f"{self.name:44s} {'':14s}  ERROR  {self.raised}"
-        detail = f"  {self.detail}" if self.verdict == "WRONG" and self.detail else ""
+        detail = self.detail if self.error > self.tolerance else ""
+        said = "; ".join(text for text in (self.problem, detail) if text)
+        detail = f"  {said}" if self.verdict == "WRONG" and said else ""
         return f"{self.name:44s} {self.error:14.1e}  {self.verdict}{detail}"
 
     def __repr__(self):
@@ -168,13 +172,27 @@ class Row:
 def compared(name, ours, reference, tolerance, scale=None, versus="finite differences"):
     """The Row of a gradient against finite differences, saying how it is wrong when it is."""
     error = gpt_numpy.rel_error(ours, reference, scale)
-    return Row(name, error, tolerance, detail=how_wrong(ours, reference, versus))
+    return Row(name, error, tolerance, detail=how_wrong(ours, reference, versus, scale))
 
 
-def how_wrong(ours, reference, versus="finite differences"):
+def factor_of(ours, reference):
+    """"the sign" or "off by a factor of F" when ours is the right one times a constant, to within
+    the differences' own error; else None. A factor of about 1 says nothing."""
+    norm = reference @ reference
+    if not norm > 0:
+        return None
+    factor = (ours @ reference) / norm
+    close = np.abs(ours - factor * reference).max() <= 1e-5 * np.abs(ours).max()
+    if close and abs(factor - 1) > 1e-3:
+        return "the sign" if abs(factor + 1) < 1e-6 else f"off by a factor of {factor:.4g}"
+    return None
+
+
+def how_wrong(ours, reference, versus="finite differences", scale=None):
     """A wrong gradient's kind in a few words: a constant factor from the right one when it is one
-    (the sign, a missing 1/N), else its first entries beside the right ones, as llm.c's
-    check_tensor prints them."""
+    (the sign, a missing 1/N), else where it differs: how many entries, and the index of the
+    largest difference, [b, t, c], with the two values there."""
+    shape = np.shape(reference)
     ours = np.asarray(ours, dtype=np.float64).ravel()
     reference = np.asarray(reference, dtype=np.float64).ravel()
     if not np.isfinite(reference).all():
@@ -183,51 +201,164 @@ def how_wrong(ours, reference, versus="finite differences"):
         return "it holds NaN or inf"
     if not np.abs(ours).max() > 0:
         return "it is all zeros"
-    norm = reference @ reference
-    if norm > 0:
-        factor = (ours @ reference) / norm
-        # Ours is the right one times a constant, to within the differences' own error; a factor
-        # of about 1 says nothing.
-        close = np.abs(ours - factor * reference).max() <= 1e-5 * np.abs(ours).max()
-        if close and abs(factor - 1) > 1e-3:
-            return "the sign" if abs(factor + 1) < 1e-6 else f"off by a factor of {factor:.4g}"
-    # The first entries that differ by more than a millionth of the largest.
-    differ = np.abs(ours - reference) > 1e-6 * max(np.abs(ours).max(), np.abs(reference).max())
-    first = np.flatnonzero(differ)[:3]
-    pairs = ", ".join(f"{ours[i]:.6g} vs {reference[i]:.6g}" for i in first)
-    return f"first entries that differ, ours vs {versus}: {pairs}"
+    said = factor_of(ours, reference)
+    if said is not None:
+        return said
+    largest = scale or max(np.abs(ours).max(), np.abs(reference).max())
+    differ = np.abs(ours - reference) > 1e-6 * largest
+    i = int(np.argmax(np.abs(ours - reference)))
+    at = ", ".join(str(int(j)) for j in np.unravel_index(i, shape)) if shape else ""
+    return (f"{differ.sum()} of {ours.size} entries differ, the most at [{at}]: ours "
+            f"{ours[i]:.6g} vs {versus} {reference[i]:.6g}")
 
 
-def raised_here(error, twin):
+def raised_here(error, twin, function=None):
     """An exception in one line: its type, its message's first line and, where it passed through
-    twin's file (the learner's code), the function and the file:line where it last did."""
+    twin's file (the learner's code), the function and the file:line where it last did; or, where
+    it passed through function (the learner's, "GPT.backward"), the line of function that called
+    the helper it raised in."""
     lines = str(error).strip().splitlines()
     said = f"{type(error).__name__}: {lines[0] if lines else ''}"
     source = os.path.abspath(getattr(twin, "__file__", "") or "")
     ours = [frame for frame in traceback.extract_tb(error.__traceback__)
             if os.path.abspath(frame.filename) == source]
+    if function is not None:
+        called = [frame for frame in ours if frame.name == function.split(".")[-1]]
+        if called and called[-1] is not ours[-1]:
+            return (f"{said} (in {ours[-1].name}, called from {called[-1].name}, "
+                    f"{os.path.basename(source)}:{called[-1].lineno})")
     if ours:
         said += f" (in {ours[-1].name}, {os.path.basename(source)}:{ours[-1].lineno})"
     return said
+
+
+def learners_function(twin):
+    """The function whose body a learner writes in twin, an exercise's copy (exercise_N.py), as
+    the workbook names it ("GPT.backward"); None for any other file."""
+    name = os.path.basename(getattr(twin, "__file__", "") or "")
+    number = name[len("exercise_"):-len(".py")]
+    if not (name.startswith("exercise_") and name.endswith(".py") and number.isdigit()):
+        return None
+    try:
+        found = exercises()
+    except ValueError:
+        return None
+    return found[int(number) - 1]["function"] if 1 <= int(number) <= len(found) else None
+
+
+def arrays_in(value, label):
+    """[(label, array)] for every array in value, a backward's dout or saved: a namedtuple's by
+    field, a tuple's, list's or dict's by index, nested as deep as they go."""
+    if isinstance(value, np.ndarray):
+        return [(label, value)]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        items = zip(value._fields, value)
+    elif isinstance(value, (tuple, list)):
+        items = ((f"{label}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        items = ((f"{label}[{k!r}]", v) for k, v in value.items())
+    else:
+        return []
+    return [found for sub, v in items for found in arrays_in(v, sub)]
+
+
+def same(a, b):
+    return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+
+
+def watched(backward, changed, named=()):
+    """backward, wrapped: each call that changes its dout or what its forward saved, in place, adds
+    to changed a line that says so. named: (name, array), to call a saved array by its name."""
+
+    def watching(dout, saved):
+        before = [(label, array, array.copy()) for label, array in
+                  arrays_in(dout, "dout") + arrays_in(saved, "saved")]
+        returned = backward(dout, saved)
+        for label, array, kept in before:
+            if not same(array, kept):
+                if label != "dout":
+                    label = next((n for n, value in named if same(kept, value)), label)
+                what = "dout" if label == "dout" else f"{label}, which its forward saved,"
+                line = f"{getattr(backward, '__name__', 'the backward')} changed {what} in place"
+                if line not in changed:
+                    changed.append(line)
+        return returned
+
+    return watching
+
+
+def layer_rows(found, given, tolerance, scale):
+    """The Rows of layer_gradients' found pairs: each gradient against its finite differences;
+    where one is missing, of another shape or the backward gave a parameter not there, a row
+    that says so, and the others still compared."""
+    numerics = {name: numeric for name, _, numeric in found}
+    rows = []
+    for name, grad, numeric in found:
+        if grad is None:
+            got = ", ".join(given) or "nothing"
+            rows.append(Row(name, raised=f"no gradient for {name}; the backward gave {got}"))
+            continue
+        if np.shape(grad) != numeric.shape:
+            # A gradient of another shape could broadcast against the reference, unnoticed.
+            swapped = [other for other, value in numerics.items() if other != name
+                       and np.shape(grad) == value.shape
+                       and gpt_numpy.rel_error(grad, value) <= max(tolerance, 1e-4)]
+            said = f"; it is d{swapped[0]}'s: the two are swapped" if swapped else ""
+            rows.append(Row(name, raised=f"d{name} has the shape {np.shape(grad)}, not {name}'s "
+                                         f"{numeric.shape}{said}"))
+            continue
+        row = compared(name, grad, numeric, tolerance, max(np.abs(grad).max(initial=0),
+                                                            np.abs(numeric).max(), scale))
+        if row.verdict == "WRONG":
+            swapped = [other for other, value in numerics.items() if other != name
+                       and value.shape == numeric.shape
+                       and gpt_numpy.rel_error(grad, value) <= max(tolerance, 1e-4)]
+            if swapped:
+                row.detail = f"its values are d{swapped[0]}'s: the two are swapped"
+        rows.append(row)
+    return rows
 
 
 # A broken backward's NaN or overflow makes a WRONG row, and no warning beside it.
 @np.errstate(all="ignore")
 def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **params):
     """[Row for x, then for each parameter]: gpt_numpy.layer_gradients in float64, each row ok or
-    WRONG with its largest relative error and the tolerance; if forward or backward raises, each
-    row ERROR, saying where in twin's file (a learner's copy) it did. A layer of several inputs
-    gets them as a dict, {"gate": g, "up": u}, in its forward's order."""
+    WRONG with its largest relative error and the tolerance, or saying the backward changed its
+    dout or saved values in place; if forward or backward raises, each row ERROR, saying where in
+    twin's file (a learner's copy) it did. A layer of several inputs gets them as a dict,
+    {"gate": g, "up": u}, in its forward's order."""
     inputs = x if isinstance(x, dict) else {"x": x}
+    changed = []
+    given = []
+    named = [*inputs.items(), *params.items()]
+    watching = watched(backward, changed, named)
+
+    def keeping_keys(dout, saved):
+        returned = watching(dout, saved)
+        if isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[1], dict):
+            given.extend(str(key) for key in returned[1])
+        return returned
+
     try:
         # gpt_numpy's own check, never the learner's copy of it: a row points at the learner's code.
-        found = gpt_numpy.layer_gradients(forward, backward, inputs, params, seed)
-    except Exception as e:
-        raised = raised_here(e, twin)
+        found = gpt_numpy.layer_gradients(forward, keeping_keys, inputs, params, seed)
+    except (Exception, SystemExit) as e:
+        raised = raised_here(e, twin, learners_function(twin))
         # Integers, the embedding's indices, have no gradient and no row.
         names = [name for name, value in inputs.items() if np.asarray(value).dtype.kind == "f"]
         return [Row(name, raised=raised) for name in names + list(params)]
-    return [compared(name, grad, numeric, tolerance) for name, grad, numeric in found]
+    # A gradient that is zero in exact arithmetic holds rounding noise alone, in float32 far more
+    # than in float64: each is judged against the largest gradient of the layer, not its own.
+    scale = max((np.abs(numeric).max(initial=0) for _, _, numeric in found), default=0) / 10
+    rows = layer_rows(found, given, tolerance, scale)
+    for key in given:
+        if key not in params:
+            rows.append(Row(key, raised=f"a gradient for {key}, which the layer does not have "
+                                        f"(its parameters: {', '.join(params) or 'none'})"))
+    for row in rows:
+        if changed and row.raised is None:
+            row.problem = f"{changed[0]} (its caller reads it again: compute into a new array)"
+    return rows
 
 
 GPT2 = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True, bigram=0)
@@ -235,61 +366,172 @@ GPT2 = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=
 LLAMA = dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False, tie_weights=False, bigram=10)
 # The check's models: a batch of B sequences of T tokens, width C, nh heads, a vocabulary of V.
 B, T, C, NH, V = 2, 5, 8, 2, 7
+# The gradients are checked on MB sequences of T tokens, the models' one fewer than their
+# block_size: a backward that takes the sequence's length for the block's, or mixes the batch with
+# the heads (MB is not NH), is wrong there.
+MB = 3
 
 
-def model_config(twin, switches):
-    return twin.GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=NH, n_embd=C, **switches)
+def model_config(twin, switches, block_size=T):
+    return twin.GPTConfig(vocab_size=V, block_size=block_size, n_layer=2, n_head=NH, n_embd=C,
+                          **switches)
+
+
+def from_the_loss(names):
+    """Parameter names in the order the backward reaches their layers, from the loss: lm_head
+    first, the embeddings last (the reverse of the forward's order, a layer's weight before its
+    bias)."""
+    layers = list(dict.fromkeys(name.rsplit(".", 1)[0] for name in names))
+    return [name for layer in reversed(layers) for name in names if name.rsplit(".", 1)[0] == layer]
+
+
+def directional(loss, w, direction, h=1e-6):
+    """Central differences along a direction: (loss() at w + h d, less at w - h d) / 2h, the
+    sum over its entries of the gradient times d. w is changed in place, and restored."""
+    kept = w.copy()
+    w += h * direction
+    up = loss()
+    w[...] = kept - h * direction
+    down = loss()
+    w[...] = kept
+    return (up - down) / (2 * h)
+
+
+def slices_of(w):
+    """The parts of w each checked along a direction of their own: each row of a matrix, or a
+    vector whole."""
+    return [np.s_[i] for i in range(w.shape[0])] if w.ndim >= 2 else [np.s_[:]]
+
+
+def watching_backwards(twin, changed):
+    """Wraps every *_backward of twin in watched, in place, for the model's backward; returns
+    what puts them back."""
+    names = [name for name in dir(twin) if name.endswith("_backward")
+             and callable(getattr(twin, name))]
+    kept = {name: getattr(twin, name) for name in names}
+    for name in names:
+        setattr(twin, name, watched(kept[name], changed))
+    return lambda: [setattr(twin, name, function) for name, function in kept.items()]
 
 
 @np.errstate(all="ignore")
 def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
-    """Rows for every tensor of a 2-layer GPT of that block: 12 entries of each gradient against
-    finite differences, measured against the scale of its whole gradient, or a hundredth of the
-    model's largest entry where that is more. If the forward or backward raises, every tensor's
-    row is ERROR, saying where."""
-    targets = rng.integers(0, V, (B, T))
-    idx = rng.integers(0, V, (B, T))
-    config = model_config(twin, switches)
+    """Rows for every tensor of a 2-layer GPT of that block, from the loss back to the embeddings:
+    every row of a matrix and every vector checked against finite differences along a random
+    direction of its own, d, whose entries are all 0.5 to 1.5 in size (so no entry escapes it):
+    the sum of the gradient times d against the change of the loss along d. Each is measured
+    against the scale of its tensor, or a tenth of its layer's largest where that is more. If the
+    forward or backward raises, every tensor's row is ERROR, saying where."""
+    config = model_config(twin, switches, block_size=T + 1)
+    targets = rng.integers(0, V, (MB, T))
+    idx = rng.integers(0, V, (MB, T))
     # Gains and biases away from 1 and 0, where they would hide errors.
     params = {name: w + 0.3 * rng.standard_normal(w.shape)
               for name, w in twin.init_params(config, seed=1, dtype=np.float64).items()}
-    picked = {name: [np.unravel_index(i, w.shape)
-                     for i in rng.choice(w.size, min(w.size, 12), replace=False)]
-              for name, w in params.items()}
+    directions = {name: rng.choice([-1.0, 1.0], w.shape) * rng.uniform(0.5, 1.5, w.shape)
+                  for name, w in params.items()}
+    order = from_the_loss(list(params))
+    function = learners_function(twin)
 
     def fresh():
         # Copies for each model: a layer that writes into the weights, the indices or the targets
         # in place cannot move what the finite differences measure.
         return twin.GPT(config, {name: w.copy() for name, w in params.items()})
 
+    changed = []
+    restore = watching_backwards(twin, changed)
     try:
         model = fresh()
         model.forward(idx.copy(), targets.copy())
         grads = model.backward()
-        # In GPT-2's block the keys' bias has a gradient of zero: it adds q.b to every score of a
-        # query's row, and softmax ignores a shift the whole row shares (rope turns b by another
-        # angle at each position, and so gives it a gradient). Its finite differences are
-        # rounding noise alone, with no scale of their own to be relative to.
-        floor = max(np.abs(g).max() for g in grads.values()) / 100
-    except Exception as e:
-        raised = raised_here(e, twin)
-        return [Row(f"model ({block}): {name}", raised=raised) for name in params]
+        if not isinstance(grads, dict):
+            raise TypeError(f"GPT.backward returned {type(grads).__name__}, not a dict of "
+                            f"gradients by name")
+        missing = [name for name in order if name not in grads]
+        if missing:
+            raise KeyError(f"GPT.backward gave no gradient for {missing[0]}")
+        for name in order:
+            if np.shape(grads[name]) != params[name].shape:
+                raise ValueError(f"the gradient of {name} has the shape "
+                                 f"{np.shape(grads[name])}, not {params[name].shape}")
+    except (Exception, SystemExit) as e:
+        raised = raised_here(e, twin, function)
+        return [Row(f"model ({block}): {name}", raised=raised) for name in order]
+    finally:
+        restore()
 
     def loss():
         return fresh().forward(idx.copy(), targets.copy())[1]
 
-    rows = []
-    for name, w in params.items():
-        name_of_row = f"model ({block}): {name}"
+    def along(name, direction_of):
+        """Ours and the differences' for each slice of name, along direction_of's directions."""
+        d = directions[direction_of]
+        g = np.asarray(grads[name], dtype=np.float64)
+        return np.array([np.sum(g[s] * d[s]) for s in slices_of(d)])
+
+    numeric = {}
+    rows = {}
+    for name in order:
         try:
-            numeric = gpt_numpy.numerical_gradient(loss, w, picked[name])
-            analytic = np.array([grads[name][i] for i in picked[name]])
-            # With numeric's own scale: a gradient of zeros is never right where it is not.
-            scale = max(np.abs(grads[name]).max(), np.abs(numeric).max(), floor)
-            rows.append(compared(name_of_row, analytic, numeric, tolerance, scale))
-        except Exception as e:
-            rows.append(Row(name_of_row, raised=raised_here(e, twin)))
-    return rows
+            w = params[name]
+            numeric[name] = np.array([directional(loss, w[s], directions[name][s])
+                                      for s in slices_of(w)])
+        except (Exception, SystemExit) as e:
+            rows[name] = Row(f"model ({block}): {name}", raised=raised_here(e, twin, function))
+    layer_scale = {}
+    for name, n in numeric.items():
+        layer = name.rsplit(".", 1)[0]
+        layer_scale[layer] = max(layer_scale.get(layer, 0), np.abs(n).max())
+    ours = {name: along(name, name) for name in numeric}
+    # The scale of a slice is the sum of its entries' sizes, |gradient| |d|, whatever cancels in
+    # their sum. A gradient that is zero in exact arithmetic (the keys' bias of GPT-2's block:
+    # softmax ignores a shift its whole row shares) holds rounding noise alone, with no scale of
+    # its own: it is measured against its layer's.
+    sizes = {name: np.array([np.sum(np.abs(np.asarray(grads[name], dtype=np.float64)[s]
+                                           * directions[name][s])) for s in slices_of(params[name])])
+             for name in numeric}
+    scales = {name: max(sizes[name].max(), np.abs(n).max(),
+                        layer_scale[name.rsplit(".", 1)[0]] / 10) for name, n in numeric.items()}
+    for name, n in numeric.items():
+        row = Row(f"model ({block}): {name}", gpt_numpy.rel_error(ours[name], n, scales[name]),
+                  tolerance)
+        if row.verdict == "WRONG":
+            row.detail = model_detail(name, ours[name], n, params, grads, numeric, scales, along,
+                                      tolerance, loss)
+            row.problem = changed[0] if changed else None
+        rows[name] = row
+    return [rows[name] for name in order]
+
+
+def model_detail(name, ours, n, params, grads, numeric, scales, along, tolerance, loss):
+    """How a model tensor's gradient is wrong: the factor, or the tensor whose gradient its
+    values are (two swapped), or the rows that differ and the entry that differs most in the
+    worst of them."""
+    if not (np.isfinite(ours).all() and np.isfinite(n).all()):
+        return how_wrong(ours, n)
+    if not np.abs(ours).max() > 0:
+        return "it is all zeros"
+    for other in numeric:
+        if other != name and params[other].shape == params[name].shape:
+            if gpt_numpy.rel_error(along(name, other), numeric[other], scales[other]) <= tolerance:
+                return f"its values are {other}'s gradient: the two are swapped"
+    w = params[name]
+    mine = np.asarray(grads[name], dtype=np.float64)
+    if w.ndim < 2:
+        # A vector was checked along one direction: its entries one by one say how it differs.
+        right = gpt_numpy.numerical_gradient(loss, w, list(np.ndindex(w.shape)))
+        return how_wrong(mine, right.reshape(w.shape), scale=scales[name])
+    said = factor_of(ours, n)
+    if said is not None:
+        return said
+    differ = np.flatnonzero(np.abs(ours - n) > tolerance * scales[name])
+    worst = int(np.argmax(np.abs(ours - n)))
+    right = gpt_numpy.numerical_gradient(loss, w[worst], list(np.ndindex(w[worst].shape)))
+    i = int(np.argmax(np.abs(mine[worst].ravel() - right)))
+    at = ", ".join(str(int(j)) for j in (worst, *np.unravel_index(i, w[worst].shape)))
+    rows = ", ".join(str(int(r)) for r in differ[:6]) + (", ..." if len(differ) > 6 else "")
+    return (f"rows {rows} of {len(ours)} differ, the most at [{at}]: ours "
+            f"{mine[worst].ravel()[i]:.6g} vs finite differences {right[i]:.6g}")
 
 
 def fixed_weights(config, dtype=np.float64):
@@ -376,31 +618,31 @@ def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None, models=True):
 
     config = model_config(twin, {})
     cos, sin = (table[:T] for table in twin.rope_tables(config, np.float64))
-    targets = rng.integers(0, V, (B, T))
-    idx = rng.integers(0, V, (B, T))
+    targets = rng.integers(0, V, (MB, T))
+    idx = rng.integers(0, V, (MB, T))
     hs = C // NH
     # The pieces before what calls them, so that the summary's first names the piece that is wrong.
     layers = [
-        ("linear", twin.linear_forward, twin.linear_backward, randn(B, T, C),
+        ("linear", twin.linear_forward, twin.linear_backward, randn(MB, T, C),
          dict(weight=randn(3, C), bias=randn(3))),
         ("embedding", twin.embedding_forward, twin.embedding_backward, idx,
          dict(weight=randn(V, C))),
         ("crossentropy", lambda x: twin.crossentropy_forward(x, targets),
-         twin.crossentropy_backward, randn(B, T, V), {}),
-        ("gelu", twin.gelu_forward, twin.gelu_backward, randn(B, T, C), {}),
+         twin.crossentropy_backward, randn(MB, T, V), {}),
+        ("gelu", twin.gelu_forward, twin.gelu_backward, randn(MB, T, C), {}),
         ("swiglu", twin.swiglu_forward, twin.swiglu_backward,
-         dict(gate=randn(B, T, C), up=randn(B, T, C)), {}),
-        ("softmax", twin.softmax_forward, twin.softmax_backward, randn(B, T, T), {}),
-        ("layernorm", twin.layernorm_forward, twin.layernorm_backward, randn(B, T, C),
+         dict(gate=randn(MB, T, C), up=randn(MB, T, C)), {}),
+        ("softmax", twin.softmax_forward, twin.softmax_backward, randn(MB, T, T), {}),
+        ("layernorm", twin.layernorm_forward, twin.layernorm_backward, randn(MB, T, C),
          dict(weight=randn(C), bias=randn(C))),
-        ("rmsnorm", twin.rmsnorm_forward, twin.rmsnorm_backward, randn(B, T, C),
+        ("rmsnorm", twin.rmsnorm_forward, twin.rmsnorm_backward, randn(MB, T, C),
          dict(weight=randn(C))),
         ("rope", lambda x: twin.rope_forward(x, cos, sin), twin.rope_backward,
-         randn(B, NH, T, hs), {}),
+         randn(MB, NH, T, hs), {}),
         ("attention", lambda q, k, v: twin.attention_forward(q, k, v, NH),
-         twin.attention_backward, dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
+         twin.attention_backward, dict(q=randn(MB, T, C), k=randn(MB, T, C), v=randn(MB, T, C)), {}),
         ("attention, rope", lambda q, k, v: twin.attention_forward(q, k, v, NH, (cos, sin)),
-         twin.attention_backward, dict(q=randn(B, T, C), k=randn(B, T, C), v=randn(B, T, C)), {}),
+         twin.attention_backward, dict(q=randn(MB, T, C), k=randn(MB, T, C), v=randn(MB, T, C)), {}),
     ]
     names = [only, *CHECKS[only][0]] if only is not None else [layer[0] for layer in layers]
     blocks = CHECKS[only][1] if only is not None else ("gpt2", "llama")
