@@ -623,5 +623,11 @@ def init_params(config, seed=0, dtype=np.float32):
 if __name__ == "__main__":
     # The command lines live beside the lesson, in workbook.py: they check, teach and train the
     # module run here (this file, or a learner's copy of it).
-    import workbook
+    try:
+        import workbook
+    except ModuleNotFoundError as e:
+        if e.name not in ("workbook", "gpt_numpy"):
+            raise
+        sys.exit(f"error: the command lines need workbook.py and gpt_numpy.py beside this file "
+                 f"({e.name}.py is not): copy them, and workbook.json, into its folder")
     workbook.run(sys.modules[__name__])

@@ -9,6 +9,7 @@ import ast
 import fnmatch
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -932,6 +933,8 @@ WORKBOOK = Path(HERE, "workbook.json").read_bytes()
     pytest.param(without(2, "title"), 'is broken (exercise 2 has no "title")', id="no title"),
     pytest.param(changed(3, "rows", []), 'is broken (exercise 3\'s "rows" is a list, not an object)', id="rows"),
     pytest.param(changed(4, "why", None), 'is broken (exercise 4\'s "why" is null, not text)', id="why"),
+    pytest.param(changed(19, "function", "gelu_backwards"),
+                 'exercise 19\'s "function": gpt_numpy.py has no function gelu_backwards', id="function"),
     pytest.param(changed(19, "check", "layer_norm"),
                  "exercise 19's \"check\" is 'layer_norm', not a name --check takes", id="check"),
     pytest.param(changed(5, "models", {"gpt2": "wrong"}), "gives gpt2 the verdict 'wrong', not \"WRONG\" or \"ERROR\"",
@@ -951,6 +954,97 @@ def test_a_bad_workbook_is_one_line_naming_it_and_what_is_wrong(twin_dir, conten
 def test_the_workbook_as_it_comes_passes_its_own_shape_check():
     exercises = workbook.exercises()
     assert workbook.workbook_problem(exercises) is None and len(exercises) >= 18
+
+
+# ----------------------------------------------------------------------------- a workbook that trusts nothing unchecked
+def test_a_copy_made_before_the_lesson_changed_is_one_line_saying_what_to_do(twin_dir):
+    source = (twin_dir / "gpt_numpy.py").read_text(encoding="utf-8")
+    field = "    # rows of the token pairs' table; 0, none\n    bigram: int = 8192\n"
+    assert source.count(field) == 1
+    (twin_dir / "exercise_24.py").write_text(source.replace(field, ""), encoding="utf-8")
+    done = run_cli("exercise_24.py", "--check", "softmax", cwd=twin_dir)
+    assert_one_line(done, "exercise_24.py was made from an older gpt_numpy.py (its GPTConfig has no field bigram): "
+                          "rename it, run python gpt_numpy.py --exercise 24 for a new copy")
+    (twin_dir / "exercise_24.py").write_text(source, encoding="utf-8")  # a copy as the lesson is now: checked
+    assert run_cli("exercise_24.py", "--check", "softmax", cwd=twin_dir).returncode == 0
+
+
+@pytest.mark.parametrize("alone", ["gpt_numpy.py", "exercise_24.py"])
+def test_the_lesson_copied_without_the_workbook_says_so_in_one_line(tmp_path, alone):
+    shutil.copy(Path(HERE, "gpt_numpy.py"), tmp_path / alone)
+    for args in (["--check"], ["--exercise", "list"], []):
+        done = run_cli(alone, *args, cwd=tmp_path)
+        assert_one_line(done, "the command lines need workbook.py and gpt_numpy.py beside this file (")
+
+
+def test_a_body_that_calls_sys_exit_is_an_error_row_and_never_a_pass(twin_dir):
+    source = (twin_dir / "gpt_numpy.py").read_text(encoding="utf-8")
+    body = "    return p * (dout - (dout * p).sum(-1, keepdims=True)), {}\n"
+    copy = twin_dir / "exercise_24.py"
+    copy.write_text(source.replace(body, "    sys.exit(0)\n"), encoding="utf-8")
+    line = copy.read_text(encoding="utf-8").split("    sys.exit(0)\n")[0].count("\n") + 1
+    done = run_cli("exercise_24.py", "--check", "softmax", cwd=twin_dir)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(rf"\nsoftmax: dx +ERROR  SystemExit: 0 \(in softmax_backward, exercise_24.py:{line}\)\n",
+                     done.stdout), done.stdout
+    assert re.search(r"\n\d+ ok, 0 WRONG, [1-9]\d* ERROR: first softmax: dx\n$", done.stdout), done.stdout
+    copy.write_text(source, encoding="utf-8")
+    assert run_cli("exercise_24.py", "--check", "softmax", cwd=twin_dir).returncode == 0
+
+
+def grade_as_printed(printed, cwd):
+    """Runs the grading command an exercise printed, from cwd."""
+    command = next(line.strip() for line in printed.splitlines() if "--check" in line and line.startswith("    "))
+    args = shlex.split(command)
+    assert args[0] == "python", command
+    return run_cli(*args[1:], cwd=cwd)
+
+
+def test_an_exercise_started_from_another_folder_prints_a_command_that_runs_there(twin_dir, tmp_path_factory):
+    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+    other = tmp_path_factory.mktemp("elsewhere")
+    started = run_cli(str(twin_dir / "gpt_numpy.py"), "--exercise", "24", cwd=other)
+    assert started.returncode == 0 and (twin_dir / "exercise_24.py").exists(), started.stderr
+    graded = grade_as_printed(started.stdout, other)
+    assert graded.returncode == 1 and "(in softmax_backward, exercise_24.py:" in graded.stdout, graded
+    # Where the lesson's folder is read-only, the copy goes into the current folder, and its command runs there.
+    (twin_dir / "exercise_24.py").unlink()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import workbook; workbook.writable = lambda folder: "
+            "folder != sys.argv[1]; workbook.main(['--exercise', '24'])")
+    started = run_cli("-c", code, str(twin_dir), cwd=other)
+    assert started.returncode == 0 and (other / "exercise_24.py").exists(), started.stderr
+    assert not (twin_dir / "exercise_24.py").exists() and "workbook.py exercise_24.py --check softmax" in started.stdout
+    graded = grade_as_printed(started.stdout, other)
+    assert graded.returncode == 1 and "(in softmax_backward, exercise_24.py:" in graded.stdout, graded
+    mine = other / "exercise_24.py"
+    mine.write_text(Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8"), encoding="utf-8")  # the body written
+    graded = grade_as_printed(started.stdout, other)
+    assert graded.returncode == 0 and graded.stdout.rstrip().endswith("ok, 0 WRONG, 0 ERROR"), graded
+    # Neither folder writable: one line.
+    mine.unlink()
+    code = code.replace("folder != sys.argv[1]", "False")
+    assert_one_line(run_cli("-c", code, str(twin_dir), cwd=other), "cannot write exercise_24.py in ",
+                    "(it is read-only): run it from a folder you may write to")
+
+
+def test_train_runs_the_learners_backward_beside_the_references_and_fails_where_its_loss_does_not_fall(
+        twin_dir):
+    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+    source = (twin_dir / "gpt_numpy.py").read_text(encoding="utf-8")
+    copy = twin_dir / "exercise_23.py"
+    copy.write_text(source, encoding="utf-8")  # cross-entropy's body written right
+    done = run_cli("exercise_23.py", "--train", cwd=twin_dir)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    steps = re.findall(r"step +(\d+): loss yours (\d\.\d+), reference (\d\.\d+)", done.stdout)
+    assert len(steps) >= 10 and all(yours == ref for _, yours, ref in steps), done.stdout  # the same, step for step
+    assert float(steps[-1][2]) < 0.5 * float(steps[0][2]) and "gpt2: your gradients train" in done.stdout
+    copy.write_text(source.replace("(probs - onehot)", "(onehot - probs)"), encoding="utf-8")  # the sign
+    done = run_cli("exercise_23.py", "--train", cwd=twin_dir)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"gpt2: your loss did not fall with the reference's \(\d\.\d+ to \d+\.\d+, where the "
+                     r"reference's fell to \d\.\d+\): --check crossentropy says where", done.stdout), done.stdout
+    assert_one_line(run_cli("exercise_23.py", "--train", "--check", cwd=twin_dir), "--check and --train are two modes",
+                    code=2)
 
 
 # ---------------------------------------------------------------------------------------- the demo and its command line

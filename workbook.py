@@ -2,9 +2,11 @@
 check's table, the workbook of exercises and the demo's command line (python gpt_numpy.py ...)."""
 import argparse
 import ast
+import importlib.util
 import json
 import math
 import os
+import shlex
 import sys
 import textwrap
 import time
@@ -559,8 +561,8 @@ def check_forward(block, switches, tolerance=1e-6, twin=gpt_numpy):
     name = f"forward ({block}): "
     try:
         logits = twin.GPT(config, {n: w.copy() for n, w in params.items()}).forward(ids.copy())[0]
-    except Exception as e:
-        raised = raised_here(e, twin)
+    except (Exception, SystemExit) as e:
+        raised = raised_here(e, twin, learners_function(twin))
         return [Row(name + "causality", raised=raised), Row(name + "known logits", raised=raised)]
     rows = []
     try:
@@ -573,7 +575,7 @@ def check_forward(block, switches, tolerance=1e-6, twin=gpt_numpy):
         error = moved / np.abs(logits).max() if np.isfinite(moved) else math.inf
         detail = "a logit moved when a later token changed: a position sees ahead"
         rows.append(Row(name + "causality", error, tolerance, detail=detail))
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         rows.append(Row(name + "causality", raised=raised_here(e, twin)))
     try:
         with open(KNOWN_LOGITS, encoding="utf-8") as f:
@@ -581,7 +583,7 @@ def check_forward(block, switches, tolerance=1e-6, twin=gpt_numpy):
         rows.append(compared(name + "known logits", logits, known, tolerance, versus="gpt.py's"))
     except (OSError, ValueError, KeyError) as e:
         rows.append(Row(name + "known logits", raised=f"cannot read {KNOWN_LOGITS}: {e}"))
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         rows.append(Row(name + "known logits", raised=raised_here(e, twin)))
     return rows
 
@@ -711,6 +713,15 @@ def exercises():
         raise ValueError(f"the workbook {path} is not the workbook (its lists or objects nest "
                          f"too deep to read): {fix}") from None
     problem = workbook_problem(found)
+    if problem is None:
+        with open(gpt_numpy.__file__, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for number, ex in enumerate(found, 1):
+            try:
+                function_node(tree, ex["function"])
+            except ValueError as e:
+                problem = f'exercise {number}\'s "function": {e}'
+                break
     if problem is not None:
         raise ValueError(f"the workbook {path} is broken ({problem}): {fix}")
     return found
@@ -752,10 +763,14 @@ def workbook_problem(found):
 
 
 def function_node(tree, function):
-    """The ast node of function ("softmax_backward" or "GPT.backward") in a module's tree."""
+    """The ast node of function ("softmax_backward" or "GPT.backward") in a module's tree; a
+    ValueError if it has none."""
     node = tree
     for part in function.split("."):
-        node = next(n for n in node.body if getattr(n, "name", None) == part)
+        node = next((n for n in getattr(node, "body", []) if getattr(n, "name", None) == part),
+                    None)
+        if node is None:
+            raise ValueError(f"gpt_numpy.py has no function {function}")
     return node
 
 
@@ -780,22 +795,23 @@ def copy_name(number):
     return f"exercise_{number}.py"
 
 
-def exercise_text(number, answer=False):
+def exercise_text(number, answer=False, path=None):
     """Exercise number (from 1) as a learner reads it: what to do and the question; or, with
-    answer, which rows turn and why, or the body to write."""
+    answer, which rows turn and why, or the body to write. path: where the learner's copy is."""
     found = exercises()
     if not 1 <= number <= len(found):
         raise ValueError(f"there are exercises 1 to {len(found)}")
     ex = found[number - 1]
+    lesson = f"python {shown(gpt_numpy.__file__)}"
     if "check" in ex and not answer:
-        steps = (f"python gpt_numpy.py --exercise {number} made {copy_name(number)}, a copy of "
-                 f"gpt_numpy.py in which the body of {ex['function']} is gone: the comments above "
-                 f"it say what to compute. Write the body, then grade it (again as often as you "
-                 f"like):")
+        path = path or copy_name(number)
+        steps = (f"{lesson} --exercise {number} made {shown(path)}, a copy of gpt_numpy.py in which "
+                 f"the body of {ex['function']} is gone: the comments above it say what to "
+                 f"compute. Write the body, then grade it (again as often as you like):")
         return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n{textwrap.fill(steps, 96)}\n"
-                f"    python {copy_name(number)} --check {ex['check']}\nEvery row ok: it is right. "
+                f"    {grading_command(path, ex['check'])}\nEvery row ok: it is right. "
                 f"A WRONG row says how far off, an ERROR row the line where it raised.\n"
-                f"The answer: python gpt_numpy.py --exercise {number} --answer")
+                f"The answer: {lesson} --exercise {number} --answer")
     if "check" in ex:
         with open(gpt_numpy.__file__, encoding="utf-8") as f:
             body = blanked(f.read(), ex["function"])[1]
@@ -808,7 +824,7 @@ def exercise_text(number, answer=False):
         return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n"
                 f"In your copy of gpt_numpy.py, in {ex['function']}, change the line\n"
                 f"    {ex['change']}\nto\n    {ex['to']}\n\n{textwrap.fill(question, 96)}\n"
-                f"The answer: python gpt_numpy.py --exercise {number} --answer")
+                f"The answer: {lesson} --exercise {number} --answer")
     rows = ", ".join(f"{name} ({verdict})" for name, verdict in ex["rows"].items()) or "none"
     models = ", ".join(f"{name} ({verdict})" for name, verdict in ex["models"].items()) or "neither"
     why = textwrap.fill(f"Why: {ex['why']}.", 96)
@@ -821,22 +837,50 @@ def exercise_text(number, answer=False):
             f"Models with rows that turn: {models}.\n{why}")
 
 
+def writable(folder):
+    return os.access(folder, os.W_OK)
+
+
 def start_exercise(number, twin=gpt_numpy):
-    """Makes the learner's copy of twin (gpt_numpy) for a write exercise beside it, unless one is
-    there already (the learner's work, kept); returns its path and whether it was made."""
+    """Makes the learner's copy of twin (gpt_numpy) for a write exercise beside it, or, where that
+    folder is read-only, in the current one, unless a copy is in either already (the learner's
+    work, kept); returns its path and whether it was made."""
     ex = exercises()[number - 1]
-    path = os.path.join(os.path.dirname(os.path.abspath(twin.__file__)), copy_name(number))
-    if os.path.lexists(path):
-        return path, False
+    folders = list(dict.fromkeys([os.path.dirname(os.path.abspath(twin.__file__)), os.getcwd()]))
+    for folder in folders:
+        if os.path.lexists(os.path.join(folder, copy_name(number))):
+            return os.path.join(folder, copy_name(number)), False
     with open(twin.__file__, encoding="utf-8") as f:
         source = blanked(f.read(), ex["function"])[0]
-    try:
-        with open(path, "x", encoding="utf-8") as f:
-            f.write(source)
-    except OSError as e:
-        raise ValueError(f"cannot write {path} ({e.strerror}): run it in a folder you may write "
-                         f"to") from None
-    return path, True
+    reasons = []
+    for folder in folders:
+        path = os.path.join(folder, copy_name(number))
+        try:
+            if not writable(folder):
+                raise OSError(0, "it is read-only")
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(source)
+            return path, True
+        except OSError as e:
+            reasons.append(f"{folder} ({e.strerror})")
+    raise ValueError(f"cannot write {copy_name(number)} in {' nor in '.join(reasons)}: run it from "
+                     f"a folder you may write to")
+
+
+def shown(path):
+    """path as a command typed here takes it: relative to the current folder where that is
+    shorter, quoted for the shell where it must be."""
+    relative = os.path.relpath(path)
+    return shlex.quote(relative if len(relative) < len(os.path.abspath(path)) else
+                       os.path.abspath(path))
+
+
+def grading_command(path, name):
+    """The command that grades the copy at path with --check name, from the current folder: the
+    copy itself where workbook.py is beside it, else workbook.py given the copy."""
+    if os.path.dirname(os.path.abspath(path)) == HERE:
+        return f"python {shown(path)} --check {name}"
+    return f"python {shown(os.path.join(HERE, 'workbook.py'))} {shown(path)} --check {name}"
 
 
 # --------------------------------------------------------------------------------------- the demo
@@ -879,6 +923,20 @@ def read_text(path, block_size):
     return text
 
 
+def twin_problem(twin):
+    """What a copy of gpt_numpy.py (a learner's exercise) lacks that the check and the training
+    use, in a few words; None if nothing. A copy made before the lesson changed lacks a field or a
+    function."""
+    lacks = [name for name in dir(gpt_numpy) if name.endswith(("_forward", "_backward"))
+             or name in ("GPT", "GPTConfig", "init_params", "rope_tables")]
+    lacks = [name for name in lacks if not hasattr(twin, name)]
+    if lacks:
+        return f"it has no {lacks[0]}"
+    fields = getattr(twin.GPTConfig, "__dataclass_fields__", {})
+    missing = [name for name in gpt_numpy.GPTConfig.__dataclass_fields__ if name not in fields]
+    return f"its GPTConfig has no field {missing[0]}" if missing else None
+
+
 def main(argv=None, twin=gpt_numpy):
     """The command line of python gpt_numpy.py, run on twin: gpt_numpy itself or a learner's copy
     of it, whose --check grades the copy."""
@@ -895,11 +953,23 @@ def main(argv=None, twin=gpt_numpy):
                              "break one and predict the rows of --check that turn), or list "
                              "them: --exercise list")
     parser.add_argument("--answer", action="store_true", help="with --exercise N: its answer")
+    parser.add_argument("--train", action="store_true",
+                        help="instead: train the check's model a few seconds with this file's "
+                             "backward beside the reference's, the same seed and batches")
     args = parser.parse_args(argv)
     if args.answer and args.exercise in (None, "list"):
         parser.error("--answer goes with --exercise N")
-    if args.check is not None and args.exercise is not None:
-        parser.error("--check and --exercise are two modes: give one")
+    given = [mode for mode, on in (("--check", args.check is not None),
+                                   ("--exercise", args.exercise is not None),
+                                   ("--train", args.train)) if on]
+    if len(given) > 1:
+        parser.error(f"{' and '.join(given)} are {['two', 'three'][len(given) - 2]} modes: give one")
+    if args.train and (args.path is not None or args.seconds is not None):
+        parser.error("--train trains the check's model on tokens of its own, for a few seconds: "
+                     "a text and --seconds go with the demo's training alone")
+    if args.train:
+        stale(twin)
+        sys.exit(0 if train_beside(twin) else 1)
     if args.check and args.check not in CHECKS:
         names = ", ".join(f"'{name}'" for name in CHECKS)
         parser.error(f"--check trains nothing: it checks every row, or a layer's named as its "
@@ -933,6 +1003,8 @@ def main(argv=None, twin=gpt_numpy):
             if not made:
                 print(f"({path} is there already, your work in it: it is kept as it is; delete "
                       f"it to start again)")
+            print(exercise_text(number, path=path))
+            return
         print(exercise_text(number, args.answer))
         return
     # A character stdout cannot encode prints as an escape, not an error.
@@ -940,7 +1012,15 @@ def main(argv=None, twin=gpt_numpy):
         sys.stdout.reconfigure(errors="backslashreplace")
     if args.check:
         only = None if args.check is True else args.check
-        sys.exit(0 if check(twin=twin, only=only) else 1)
+        stale(twin)
+        try:
+            passed = check(twin=twin, only=only)
+        # Anything that ends the check before its last row (a body's sys.exit(0) outside a row):
+        # never a pass.
+        except SystemExit as e:
+            sys.exit(f"error: the check stopped before its last row (SystemExit: {e.code}): it "
+                     f"did not run every row, so it is no pass")
+        sys.exit(0 if passed else 1)
     path = "input.txt" if args.path is None else args.path
     seconds = 60 if args.seconds is None else args.seconds
     B, T = 16, 64
@@ -1002,9 +1082,85 @@ def main(argv=None, twin=gpt_numpy):
     print(decode(generate(model, prompt, 300, temperature=0.8, generator=rng)[0, 1:]))
 
 
+def train_beside(twin, steps=120, log=print):
+    """Trains the check's model (each block the learner's exercise uses) twice from the same
+    weights on the same batches: with twin's backward (the learner's) and with the reference's.
+    Logs both losses; returns whether twin's fell with the reference's, to within a quarter of
+    the reference's fall."""
+    function = learners_function(twin)
+    name = next((ex["check"] for ex in exercises() if ex["function"] == function and "check" in ex),
+                "model") if function else "model"
+    # Tokens of a rule the model can learn: each the one before times 3, plus 1, modulo V.
+    data = np.zeros(400, dtype=np.int64)
+    for i in range(1, len(data)):
+        data[i] = (3 * data[i - 1] + 1 + (i % 50 == 0)) % V
+    passed = True
+    for block in CHECKS[name][1]:
+        switches = GPT2 if block == "gpt2" else LLAMA
+        config = model_config(gpt_numpy, switches, block_size=T + 1)
+        weights = gpt_numpy.init_params(config, seed=0, dtype=np.float64)
+        models = {"yours": twin.GPT(model_config(twin, switches, block_size=T + 1),
+                                    {n: w.copy() for n, w in weights.items()}),
+                  "reference": gpt_numpy.GPT(config, {n: w.copy() for n, w in weights.items()})}
+        optimizers = {who: AdamW(model.params, lr=1e-2) for who, model in models.items()}
+        rng = np.random.default_rng(0)
+        losses = {who: [] for who in models}
+        log(f"training the check's {block} model {steps} steps with your backward (from "
+            f"{os.path.basename(twin.__file__)}) and the reference's")
+        for step in range(steps):
+            ix = rng.integers(0, len(data) - T - 1, MB)
+            xy = np.stack([data[i:i + T + 1] for i in ix])
+            for who, model in models.items():
+                try:
+                    losses[who].append(float(model.forward(xy[:, :-1], xy[:, 1:])[1]))
+                    optimizers[who].step(model.backward())
+                except (Exception, SystemExit) as e:
+                    log(f"step {step}: your backward raised {raised_here(e, twin, function)}")
+                    return False
+            if step % 20 == 0 or step == steps - 1:
+                log(f"step {step:3d}: loss yours {losses['yours'][-1]:.4f}, reference "
+                    f"{losses['reference'][-1]:.4f}")
+        start, ref, yours = losses["reference"][0], losses["reference"][-1], losses["yours"][-1]
+        if not (math.isfinite(yours) and yours <= ref + 0.25 * (start - ref)):
+            log(f"{block}: your loss did not fall with the reference's ({start:.4f} to {yours:.4f}, "
+                f"where the reference's fell to {ref:.4f}): --check {name} says where")
+            passed = False
+        else:
+            log(f"{block}: your gradients train as the reference's do")
+    return passed
+
+
+def stale(twin):
+    """Ends in one line if twin, a learner's copy, lacks what the check needs."""
+    problem = None if twin is gpt_numpy else twin_problem(twin)
+    if problem is not None:
+        name = os.path.basename(getattr(twin, "__file__", "") or "your copy")
+        number = name[len("exercise_"):-len(".py")] if name.startswith("exercise_") else "N"
+        sys.exit(f"error: {name} was made from an older gpt_numpy.py ({problem}): rename it, run "
+                 f"python gpt_numpy.py --exercise {number} for a new copy, and write your body "
+                 f"into that one")
+
+
 def quiet_stdout():
     """Points stdout at /dev/null, so that the flush at exit does not fail a second time."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def run_copy(argv):
+    """python workbook.py COPY [--check NAME | ...]: runs COPY, a learner's copy of gpt_numpy.py made
+    where workbook.py is not, as python COPY would run it beside workbook.py."""
+    path = argv[0]
+    if not (path.endswith(".py") and os.path.isfile(path)):
+        sys.exit(f"error: python workbook.py takes the path of your copy of gpt_numpy.py first "
+                 f"(exercise_N.py), not {path!r}")
+    spec = importlib.util.spec_from_file_location("learners_copy", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as e:
+        sys.exit(f"error: {path} cannot be imported: {raised_here(e, module)}")
+    sys.argv = [path, *argv[1:]]
+    run(module)
 
 
 def run(twin):
@@ -1023,3 +1179,7 @@ def run(twin):
     except KeyboardInterrupt:
         print()
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run_copy(sys.argv[1:])
