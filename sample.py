@@ -8,6 +8,7 @@ import sys
 
 try:
     import itertools
+    import math
 
     import torch
 
@@ -22,6 +23,8 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 AT_LEAST_1 = cli.number(int, lambda n: n >= 1, "at least 1")
+# An infinite temperature would flatten every distribution to a uniform draw: no use, and a slip.
+TEMPERATURE = cli.number(float, lambda t: 0 <= t < math.inf, "a finite number of at least 0")
 
 
 def parse_args(argv=None):
@@ -40,7 +43,7 @@ def parse_args(argv=None):
     parser.add_argument("--max_new_tokens", type=AT_LEAST_1, default=500,
                         help="tokens per sample: characters, for a character model (default: %(default)s)")
     # The sampling arguments' limits are gpt.GPT.stream's, which refuses what they do not take.
-    parser.add_argument("--temperature", type=float, default=0.8,
+    parser.add_argument("--temperature", type=TEMPERATURE, default=0.8,
                         help="below 1 is safer, above 1 wilder, 0 always takes the likeliest (default: %(default)s)")
     parser.add_argument("--top_k", type=int, default=None,
                         help="sample only from the k likeliest (default: all)")
