@@ -7,20 +7,31 @@
     python bench.py --gpt2                      # greedy sampling at GPT-2 small's shape beside
                                                 # transformers' generate (when it is installed)
     python bench.py --profile                   # where a training and a decode step's time goes
-    python bench.py --quality 140 --data tinyshakespeare.txt   # val loss after 140 s of training
-    python bench.py --optimizers 90             # AdamW and Muon at equal wall time, one after the other
-    python bench.py --candidates 75 --data tinyshakespeare.txt  # the default beside each candidate recipe,
-                                                # three alternating rounds, whole-split val loss
+    python bench.py --maps                      # the attention's three maps, or one stacked product
+    python bench.py --quality 140 --data tinyshakespeare.txt   # val loss after 140 s of train.py
+    python bench.py --quality --nanogpt ~/src/nanoGPT --data tinyshakespeare.txt --runs 3
+                                                # nanoGPT's CPU recipe, then ours for its time; medians
     python bench.py --json bench.json           # also write the figures, machine-readable
+
+The settings harness trains a list of settings for SECONDS each, in alternating rounds, on --data,
+and compares their val losses on the whole held-out split (--runs: the rounds; --set: an option
+of train.py for every run):
+
+    python bench.py --optimizers 90             # AdamW and Muon
+    python bench.py --variants 90               # the default block and each variant (--variant)
+    python bench.py --candidates 75 --data tinyshakespeare.txt  # the recipe and each candidate
+    python bench.py --copier 90                 # gpt.train's step (gpt.Muon) beside train.py's
 
 A machine may be shared and drift in speed, so whatever is compared is timed interleaved, in rounds, and each figure
 is the median of its rounds. Machines differ 2-3x in speed: set a figure only beside one from the same run.
 """
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
 import importlib.util
+import inspect
 import io
 import json
 import math
@@ -54,6 +65,14 @@ SAMPLING = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, 
 PROMPT, NEW_TOKENS, PAST_TOKENS = 56, 200, 50  # 56 + 200 fill the 256 context
 
 
+def shape(config):
+    """A model's size as the labels give it: "6x384", layers by width."""
+    return f"{config['n_layer']}x{config['n_embd']}"
+
+
+RECIPE_SHAPE = f"{shape(RECIPE)}, context {RECIPE['block_size']}, batch {RECIPE_BATCH}"
+
+
 def timed(fn, device):
     t = time.perf_counter()
     fn()
@@ -78,7 +97,11 @@ def matmul_peaks(dtypes, device):
     n = 8192 if device.type == "cuda" else 1024
     a = {d: torch.randn(n, n, device=device).to(d) for d in dtypes}
     t = interleaved({d: lambda d=d: a[d] @ a[d] for d in dtypes}, device, rounds=5, repeats=10)
-    return n, {str(d).split(".")[1]: 2 * n ** 3 / t[d] / 1e9 for d in dtypes}
+    return n, {dtype_name(d): 2 * n ** 3 / t[d] / 1e9 for d in dtypes}
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
 
 
 def flops_per_token(config):
@@ -133,12 +156,26 @@ def bench_training(device, peaks, bf16):
     return rows
 
 
+def muon_matrices(optimizer):
+    """What one Muon step orthogonalises, read from its parameters: the matrices by shape, and the products of
+    gpt.newton_schulz's iterations, one matrix at a time and with the matrices of a shape (tall ones turned wide)
+    as one batch, as muon.orthogonalize takes them."""
+    shapes = collections.Counter(tuple(p.shape) for group in optimizer.param_groups for p in group["params"])
+    wide = {(min(shape), max(shape)) for shape in shapes}
+    steps = inspect.signature(gpt.newton_schulz).parameters["steps"].default
+    count = sum(shapes.values())
+    each = ", ".join(f"{n} of {rows}x{cols}" for (rows, cols), n in shapes.items())
+    # Each iteration takes three products: X X^T, its square, and the polynomial times X.
+    return f"{count} matrices ({each}): {3 * steps * count} products, or {3 * steps * len(wide)} batched"
+
+
 def bench_muon(device, rounds=5):
-    """ms per Muon step on the 28 weights of the default CPU model: torch.optim.Muon's, one matrix at a time, and
-    muon.BatchedMuon's as train.py takes it, the matrices of a shape as one batch; interleaved."""
+    """ms per Muon step on the blocks' matrices of the default model: gpt.Muon's, one matrix at a time (a copy of
+    gpt.py alone steps so), and muon.BatchedMuon's as train.py takes it, the matrices of a shape as one batch;
+    interleaved. Also what the step orthogonalises (muon_matrices)."""
     tc = gpt.TrainConfig(optimizer="muon")
     steps = {}
-    for name in ("torch.optim.Muon", "muon.BatchedMuon"):
+    for name in ("gpt.Muon", "muon.BatchedMuon"):
         torch.manual_seed(0)
         model = gpt.GPT(tc.model_config(vocab_size=65)).to(device)
         optimizers = gpt.configure_optimizers(model, tc, device.type)
@@ -146,8 +183,10 @@ def bench_muon(device, rounds=5):
             optimizers = muon.batched(optimizers)
         for p in model.parameters():
             p.grad = torch.randn_like(p)
-        steps[name] = optimizers[1].step
-    return {name: seconds * 1000 for name, seconds in interleaved(steps, device, rounds, repeats=20).items()}
+        steps[name] = optimizers[-1].step
+    t = interleaved(steps, device, rounds, repeats=20)
+    return dict(step_ms={name: seconds * 1000 for name, seconds in t.items()},
+                matrices=muon_matrices(steps["gpt.Muon"].__self__))
 
 
 def bench_sampling(device, rounds=3):
@@ -188,6 +227,43 @@ def bench_twin(rounds=5):
     return {name: seconds * 1000 for name, seconds in t.items()}
 
 
+ENCODE = """
+import sys, time, tracemalloc
+import data
+start = time.perf_counter()
+ids, chars = data.encode_file(sys.argv[1])
+seconds = time.perf_counter() - start
+del ids
+tracemalloc.start()
+ids, chars = data.encode_file(sys.argv[1])
+peak = tracemalloc.get_traced_memory()[1]
+print(len(ids), ids.dtype, len(chars), seconds, peak)
+"""
+
+
+def bench_encoding(megabytes=100, source="input.txt"):
+    """Reading a text of about megabytes MB into token ids, as train.py --data does, in a process of
+    its own: MB/s, and the most memory it held at once (the ids included, as tracemalloc counts
+    NumPy's arrays and Python's objects), in bytes per character."""
+    with open(source, "rb") as f:
+        piece = f.read()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "text.txt")
+        with open(path, "wb") as f:
+            for _ in range(max(1, round(megabytes * 1e6 / len(piece)))):
+                f.write(piece)
+        size = os.path.getsize(path)
+        done = subprocess.run([sys.executable, "-c", ENCODE, path], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+    if done.returncode:
+        raise ValueError(f"encoding failed: {done.stderr.strip().splitlines()[-1]}")
+    chars, dtype, vocab, seconds, peak = done.stdout.split()
+    return dict(megabytes=size / 1e6, characters=int(chars), dtype=dtype, vocab_size=int(vocab),
+                seconds=float(seconds), mb_per_s=size / 1e6 / float(seconds),
+                bytes_per_char=int(peak) / int(chars))
+
+
+# ------------------------------------------------------------------------------------------------ beside nanoGPT
 def load_nanogpt(folder):
     """nanoGPT's model.py, imported from folder at run time: it is timed beside this project, never copied into it."""
     path = os.path.join(folder, "model.py")
@@ -289,9 +365,10 @@ def decode_step(device, context=150):
     return step
 
 
+# ------------------------------------------------------------------------------------------- where the time goes
 def stacked_heads(attn, x, rope=None):
-    """CausalSelfAttention.heads as one product of the three weights stacked, the form before the plain maps: the same
-    q, k and v, a copy of the weights each call."""
+    """CausalSelfAttention.heads as one product of the three weights stacked: the same q, k and v, a copy of the
+    weights each call."""
     maps = (attn.c_q, attn.c_k, attn.c_v)
     bias = None if attn.c_q.bias is None else torch.cat([m.bias for m in maps])
     qkv = torch.nn.functional.linear(x, torch.cat([m.weight for m in maps]), bias)  # (B, T, 3 * C)
@@ -320,7 +397,7 @@ def bench_maps(device, rounds=7, repeats=8):
     recipe = gpt.TrainConfig(**RECIPE, **GPT2_BLOCK, **RECIPE_OPTIMIZER, batch_size=RECIPE_BATCH)
     steps = {"training step, default CPU shape": our_step(default.model_config(vocab_size=65), default, device),
              "training step, nanoGPT CPU-recipe shape": our_step(recipe.model_config(vocab_size=65), recipe, device),
-             "cached decode step, 6x384": decode_step(device)}
+             f"cached decode step, {shape(SAMPLING)}": decode_step(device)}
     fns = {}
     for name, step in steps.items():
         fns[name, "plain"] = step
@@ -332,13 +409,12 @@ def bench_maps(device, rounds=7, repeats=8):
 def profile_steps(device, steps=20, rows=8):
     """The ops that take the most time in training steps at nanoGPT's CPU-recipe shape and at the default one, and in
     decode steps with the KV cache: {what: [(op, ms per step, share of the step)]}, from torch.profiler's self time."""
+    recipe = gpt.TrainConfig(batch_size=RECIPE_BATCH, **RECIPE_OPTIMIZER)
+    runs = {"training, nanoGPT CPU-recipe shape": our_step(gpt.GPTConfig(**RECIPE, **GPT2_BLOCK), recipe, device),
+            "training, default CPU": our_step(gpt.GPTConfig(), gpt.TrainConfig(), device),
+            f"sampling, a token after 150 with the KV cache ({shape(SAMPLING)})": decode_step(device)}
     tables = {}
-    for name, step in (("training, nanoGPT CPU-recipe shape", our_step(gpt.GPTConfig(**RECIPE, **GPT2_BLOCK),
-                                                                         gpt.TrainConfig(batch_size=RECIPE_BATCH,
-                                                                                         **RECIPE_OPTIMIZER),
-                                                                         device)),
-                       ("training, default CPU", our_step(gpt.GPTConfig(), gpt.TrainConfig(), device)),
-                       ("sampling, a token after 150 with the KV cache (6x384)", decode_step(device))):
+    for name, step in runs.items():
         for _ in range(3):
             step()
         with torch.profiler.profile() as prof:
@@ -352,7 +428,7 @@ def profile_steps(device, steps=20, rows=8):
 
 
 def weight_reads(device, rounds=7):
-    """GB/s at which the one-row matmuls of a cached decode step read the 6x384 model's weights, the same with the
+    """GB/s at which the one-row matmuls of a cached decode step read the sampling model's weights, the same with the
     weights laid out (in, out) in memory as GPT-2's files store them, and a sum over the same tensors: how
     near the step's matmuls come to the speed of this machine's memory."""
     torch.manual_seed(0)
@@ -380,13 +456,263 @@ def weight_reads(device, rounds=7):
     return dict(megabytes=size / 1e6, **{name: size / seconds / 1e9 for name, seconds in t.items()})
 
 
+def versus_transformers(rounds=3, prompt_tokens=16, new_tokens=32):
+    """Greedy sampling at GPT-2 small's shape (random weights, float32, CPU): gpt2.from_state_dict of
+    transformers' own GPT2LMHeadModel, the same weights copied into nn.Linear's own order in memory,
+    and that model's generate with its KV cache, in tokens per second, interleaved; and whether all
+    drew the same tokens."""
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError("--gpt2 times transformers' generate, and transformers is not installed: "
+                         "pip install transformers") from None
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    ours = gpt2.from_state_dict(theirs.state_dict()).eval()
+    # The same weights copied into nn.Linear's own (out, in) order in memory, as load_state_dict copies them.
+    copied = gpt.GPT(ours.config).eval()
+    copied.load_state_dict(ours.state_dict())
+    prompt = torch.randint(0, 50257, (1, prompt_tokens))
+    drawn = {}
+
+    def our_generate():
+        drawn["ours"] = ours.generate(prompt, new_tokens, temperature=0)
+
+    def copied_generate():
+        drawn["copied"] = copied.generate(prompt, new_tokens, temperature=0)
+
+    @torch.inference_mode()
+    def their_generate():
+        drawn["transformers"] = theirs.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                do_sample=False, use_cache=True, pad_token_id=0)
+
+    t = interleaved({"ours": our_generate, "copied": copied_generate, "transformers": their_generate},
+                    torch.device("cpu"), rounds, repeats=1, warmup=1)
+    same = torch.equal(drawn["ours"], drawn["transformers"]) and torch.equal(drawn["copied"], drawn["ours"])
+    return dict(tokens_per_s={who: new_tokens / seconds for who, seconds in t.items()},
+                same_tokens=same, transformers=transformers.__version__, new_tokens=new_tokens)
+
+
+# ------------------------------------------------------------------------------------------- the settings harness
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A run of the default config as train.py trains it, changed as these fields say."""
+    changes: dict = dataclasses.field(default_factory=dict)  # TrainConfig options
+    model: object = None  # builds the model from its GPTConfig; None: gpt.GPT, as gpt.Trainer builds it
+    lr_at: object = None  # the learning rate's schedule, in place of gpt.lr_at
+    batched: bool = True  # Muon's step through muon.batched (train.py's); False: gpt.Muon's, as gpt.train takes it
+    compile: bool = False  # the step through torch.compile, its compiling on the run's clock
+    matmul_dtype: torch.dtype = None  # Muon's products in this dtype, in place of gpt.matmul_dtype's choice
+    ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
+
+
+@contextlib.contextmanager
+def patched(setting):
+    """gpt.py's schedule, Newton-Schulz iterations and Muon's dtype as setting changes them; put back after."""
+    with contextlib.ExitStack() as stack:
+        if setting.lr_at:
+            stack.enter_context(unittest.mock.patch.object(gpt, "lr_at", setting.lr_at))
+        if setting.ns_steps:
+            fewer = functools.partial(gpt.newton_schulz, steps=setting.ns_steps)
+            stack.enter_context(unittest.mock.patch.object(gpt, "newton_schulz", fewer))
+        if setting.matmul_dtype:
+            stack.enter_context(unittest.mock.patch.object(gpt, "matmul_dtype", lambda device: setting.matmul_dtype))
+        yield
+
+
+def vocab_size_of(ids, tokenizer):
+    """The vocabulary of a text's tokenizer, or the one token ids imply (a .bin file comes without a tokenizer)."""
+    return tokenizer.vocab_size if tokenizer else data.implied_vocab_size(ids)
+
+
+def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, **changes):
+    """The default run, as train.py trains it, changed as setting says (and by changes), for `seconds` of wall time
+    on ids, on_step(trainer) after each step; (the gpt.Trainer, its figures: steps, steps a second, Muon's products'
+    dtype and the val loss of its last evaluation, which reads the whole held-out split)."""
+    vocab_size = vocab_size_of(ids, tokenizer)
+    run = dict(out_dir="", max_iters=gpt.MANY, max_time=seconds, eval_interval=gpt.MANY, eval_iters=1,
+               device=str(device), vocab_size=vocab_size)
+    tc = gpt.TrainConfig(**{**run, **changes, **setting.changes})
+    # train.py's checks of the data, before minutes of training.
+    data.check_fits(ids, vocab_size, tc.block_size)
+    model = None
+    if setting.model:
+        torch.manual_seed(tc.seed)  # as gpt.Trainer seeds before it builds the default model
+        model = setting.model(tc.model_config(vocab_size=vocab_size))
+    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
+    if setting.batched:
+        trainer.optimizers = muon.batched(trainer.optimizers)
+    if setting.compile:
+        torch._dynamo.reset()
+        trainer.wrapped_model = torch.compile(trainer.model)
+    with patched(setting):
+        for _ in trainer.steps():
+            if on_step:
+                on_step(trainer)
+        products = "no Muon"
+        if any(isinstance(optimizer, gpt.Muon) for optimizer in trainer.optimizers):
+            products = dtype_name(gpt.matmul_dtype(trainer.device))
+    return trainer, dict(iters=trainer.it, seconds=trainer.elapsed, steps_per_s=trainer.it / trainer.elapsed,
+                         ms_per_iter=trainer.elapsed / trainer.it * 1000, products=products,
+                         val_loss=trainer.history[-1]["val"])
+
+
+def compare(settings, seconds, path, rounds, device="cpu", log=functools.partial(print, flush=True), **changes):
+    """Each of settings {name: Setting} trained for `seconds` on the text (or ids) at path, one after the other,
+    `rounds` times; [{round, setting, and train_setting's figures}], each logged as it ends."""
+    ids, tokenizer = data.read_data(data.DataFile(path, None))
+    # The first step in a process pays for setting torch up: taken here, untimed, it falls on no setting.
+    tiny = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2)
+    our_step(tiny.model_config(vocab_size=65), tiny, torch.device(device))()
+    names = list(settings)
+    width = max(map(len, names))
+    rows = []
+    for r in range(1, rounds + 1):
+        # Every other round in reverse order: a machine whose speed drifts favours no setting.
+        for name in names if r % 2 else names[::-1]:
+            _, run = train_setting(settings[name], seconds, ids, tokenizer, device, **changes)
+            rows.append(dict(round=r, setting=name, **run))
+            log(f"  round {r} {name:{width}s} {run['iters']:6d} steps {run['steps_per_s']:6.2f} steps/s  Muon's "
+                f"products {run['products']:8s}  val loss {run['val_loss']:.4f}")
+    return rows
+
+
+def summary(rows):
+    """A line for each setting of compare's rows: its mean val loss and the median of its steps a second over the
+    rounds, and, after the first setting, its mean minus the first's."""
+    names = list(dict.fromkeys(row["setting"] for row in rows))
+    width = max(map(len, names))
+    mean = {name: statistics.mean(row["val_loss"] for row in rows if row["setting"] == name) for name in names}
+    lines = []
+    for name in names:
+        rate = statistics.median(row["steps_per_s"] for row in rows if row["setting"] == name)
+        products = next(row["products"] for row in rows if row["setting"] == name)
+        line = f"  {name:{width}s} {rate:6.2f} steps/s  Muon's products {products:8s}  mean val loss {mean[name]:.4f}"
+        if name != names[0]:
+            line += f", minus {names[0]}'s {mean[name] - mean[names[0]]:+.4f}"
+        lines.append(line)
+    return lines
+
+
+def cosine_lr(tc, it, elapsed):
+    """gpt.lr_at's warmup, then a cosine to min_lr over the steps, or the seconds with max_time: nanoGPT's
+    schedule."""
+    if it < tc.warmup_iters:
+        return tc.learning_rate * (it + 1) / tc.warmup_iters
+    done = (elapsed / tc.max_time if tc.max_time
+            else (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters))
+    return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
+
+
+def relu_squared(config):
+    """The MLP as nanochat and modded-nanogpt have it: two matrices, 4 * n_embd wide, relu(x)^2 between."""
+    model = gpt.GPT(dataclasses.replace(config, mlp="gelu"))
+    for block in model.h:
+        mlp = block.mlp
+        mlp.forward = lambda x, mlp=mlp: torch.nn.functional.dropout(
+            mlp.c_proj(torch.relu(mlp.c_fc(x)).square()), mlp.dropout, mlp.training)
+    return model
+
+
+def qk_norm(config):
+    """RMSNorm of each head's query and key, without a gain, after their maps and before the rotary turn: QK-norm.
+    A rotation keeps a vector's norm, so norming after gpt.py's turn is the same."""
+    model = gpt.GPT(config)
+    for block in model.h:
+        block.attn.heads = functools.partial(normed_heads, block.attn)
+    return model
+
+
+def normed_heads(attn, x, rope=None):
+    """The queries, keys and values of gpt.CausalSelfAttention.heads, the queries and keys RMS-normed."""
+    q, k, v = gpt.CausalSelfAttention.heads(attn, x, rope)
+    rms = functools.partial(torch.nn.functional.rms_norm, normalized_shape=q.shape[-1:], eps=1e-5)
+    return rms(q), rms(k), v
+
+
+def zero_c_proj(config):
+    """The output projections of the attention and the MLP start at zero: each block starts as the identity."""
+    model = gpt.GPT(config)
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            torch.nn.init.zeros_(p)
+    return model
+
+
+def zero_head(config):
+    """The output layer starts at zero: every token equally likely, until it learns otherwise."""
+    model = gpt.GPT(config)
+    torch.nn.init.zeros_(model.lm_head.weight)
+    return model
+
+
+class X0Block(torch.nn.Module):
+    """A block whose input mixes the residual stream with x0, the token embedding, by two learned weights that
+    start at (1, 0): the block as it is, until the embedding proves worth reading again (modded-nanogpt's)."""
+
+    def __init__(self, block, x0):
+        super().__init__()
+        self.block = block
+        self.x0 = x0
+        self.lambdas = torch.nn.Parameter(torch.tensor([1.0, 0.0]))
+
+    def forward(self, x, rope=None, cache=None):
+        return self.block(self.lambdas[0] * x + self.lambdas[1] * self.x0["x"], rope, cache)
+
+
+def x0_shortcut(config):
+    """The token embedding, kept as wte computes it, mixed into every block's input (X0Block)."""
+    model = gpt.GPT(config)
+    x0 = {}
+    model.wte.register_forward_hook(lambda module, args, out: x0.update(x=out))
+    model.h = torch.nn.ModuleList(X0Block(block, x0) for block in model.h)
+    return model
+
+
+# The lists the harness takes, {name: Setting}, the first the one the others are set beside.
+OPTIMIZERS = {name: Setting(changes=dict(optimizer=name)) for name in cli.FIELDS["optimizer"].metadata["choices"]}
+# The default block and a change of it each.
+VARIANTS = {"default": Setting(), "relu squared": Setting(model=relu_squared), "qk-norm": Setting(model=qk_norm),
+            "zero c_proj": Setting(model=zero_c_proj), "tied": Setting(changes=dict(tie_weights=True))}
+# The default recipe and a change of it each: options, a schedule, torch.compile, Muon's products or the model.
+CANDIDATES = {
+    "default": Setting(),
+    "tied, cosine, 100 warmup, 4 layers, momentum flat, decay 0.1, no table": Setting(
+        changes=dict(tie_weights=True, warmup_iters=100, n_layer=4, muon_momentum_start=0.95, weight_decay=0.1,
+                     bigram=0), lr_at=cosine_lr),
+    "4 layers, embedding at 3e-3, momentum flat, decay 0.1, no table": Setting(
+        changes=dict(n_layer=4, embedding_lr=3e-3, muon_momentum_start=0.95, weight_decay=0.1, bigram=0)),
+    "decay 0.1, no table": Setting(changes=dict(weight_decay=0.1, bigram=0)),
+    "no bigram table": Setting(changes=dict(bigram=0)),
+    "context 64, batch 16": Setting(changes=dict(block_size=64, batch_size=16)),
+    "compile": Setting(compile=True),
+    "Muon in bfloat16": Setting(matmul_dtype=torch.bfloat16),
+    "output layer from zero": Setting(model=zero_head),
+    "x0 to every block": Setting(model=x0_shortcut),
+    "Newton-Schulz, 4 steps": Setting(ns_steps=4),
+    "Newton-Schulz, 3 steps": Setting(ns_steps=3),
+    "Muon at 0.02": Setting(changes=dict(muon_lr=0.02)),
+    "embedding at 0.1": Setting(changes=dict(embedding_lr=0.1)),
+    "AdamW at 6e-3": Setting(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
+    "Muon's momentum flat": Setting(changes=dict(muon_momentum_start=0.95)),
+}
+# train.py's step and the step of a copy of gpt.py alone (gpt.train(tc, text): gpt.Muon, a matrix at a time).
+COPIER = {"train.py (muon.batched)": Setting(), "gpt.train (gpt.Muon)": Setting(batched=False)}
+# Each harness's flag: its settings and how many rounds it trains them by default.
+HARNESSES = {"optimizers": (OPTIMIZERS, 1), "variants": (VARIANTS, 2), "candidates": (CANDIDATES, 3),
+             "copier": (COPIER, 3)}
+
+
+# ------------------------------------------------------------------------------------------------------- quality
 def bench_quality(seconds, path):
     """Trains the default CPU config for `seconds` of wall time, as train.py does; returns its final val loss, on the
     whole held-out split."""
     lines = []
     start = time.time()
     with tempfile.TemporaryDirectory() as out_dir:
-        tc = gpt.TrainConfig(out_dir=out_dir, max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
+        tc = gpt.TrainConfig(out_dir=out_dir, max_iters=gpt.MANY, max_time=seconds, eval_interval=gpt.MANY,
                              device="cpu")
         try:
             trainer, stopped = train.run(tc, data.read_text(path), log=lines.append)
@@ -461,21 +787,16 @@ def train_nanogpt(nano, train_ids, vocab_size, recipe, seed=0):
     return model, time.perf_counter() - start
 
 
-def ours_for(seconds, ids, tokenizer, snapshots, build=gpt.GPT):
-    """Our default CPU run on ids for `seconds` of wall time, as train.py trains it, its model made by build (a
-    candidate's); (the trainer, [(seconds, weights)] kept evenly spaced in its time)."""
-    tc = gpt.TrainConfig(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9, eval_iters=1,
-                         device="cpu")
-    data.check_fits(ids, tokenizer.vocab_size, tc.block_size)
-    # The seed Trainer sets before it builds the default model, for the model built here.
-    torch.manual_seed(tc.seed)
-    model = build(tc.model_config(vocab_size=tokenizer.vocab_size))
-    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
-    trainer.optimizers = muon.batched(trainer.optimizers)
+def ours_for(seconds, ids, tokenizer, snapshots, setting=Setting()):
+    """Our default CPU run on ids for `seconds` of wall time, as train.py trains it, changed as setting says; (the
+    trainer, [(seconds, weights)] kept evenly spaced in its time)."""
     kept = []
-    for _ in trainer.steps():
+
+    def keep(trainer):
         if trainer.elapsed >= (len(kept) + 1) * seconds / snapshots and not trainer.done():
             kept.append((trainer.elapsed, {k: v.clone() for k, v in trainer.model.state_dict().items()}))
+
+    trainer, _ = train_setting(setting, seconds, ids, tokenizer, on_step=keep)
     return trainer, kept
 
 
@@ -501,15 +822,15 @@ def reached_at(trainer, kept, target):
 
 def quality_versus_nanogpt(nano, path, recipe, snapshots, log=functools.partial(print, flush=True),
                            candidate="default"):
-    """nanoGPT's model.py trained by its CPU recipe, timed, then our default (or the model of a candidate of
-    CANDIDATES that changes the model alone) for the same wall time on the same text, both evaluated on the whole
-    held-out split of it (split_loss, in windows of each one's context)."""
+    """nanoGPT's model.py trained by its CPU recipe, timed, then our default (or a candidate of CANDIDATES) for the
+    same wall time on the same text, both evaluated on the whole held-out split of it (split_loss, in windows of each
+    one's context)."""
     ids, tokenizer = data.read_data(data.DataFile(path, None))
     splits = gpt.split(ids)  # our split, for both
-    theirs, seconds = train_nanogpt(nano, splits["train"], tokenizer.vocab_size, recipe)
+    theirs, seconds = train_nanogpt(nano, splits["train"], vocab_size_of(ids, tokenizer), recipe)
     their_loss = theirs_runs(gpt.split_loss)(AllLogits(theirs).eval(), splits["val"], recipe["batch_size"])
     log(f"nanoGPT's CPU recipe: {recipe['steps']} steps in {seconds:.0f} s, val loss {their_loss:.4f}")
-    ours, kept = ours_for(seconds, ids, tokenizer, snapshots, CANDIDATES[candidate].get("model", gpt.GPT))
+    ours, kept = ours_for(seconds, ids, tokenizer, snapshots, CANDIDATES[candidate])
     our_loss = gpt.split_loss(ours.model.eval(), splits["val"], ours.tc.batch_size)
     name = "the default" if candidate == "default" else f"the default with {candidate}"
     log(f"ours, {name} for {seconds:.0f} s: {ours.it} steps, val loss {our_loss:.4f}")
@@ -525,286 +846,27 @@ def versus_line(q):
     reached = q["reached_seconds"]
     if reached is None:
         return line + "not reached"
-    return line + f"reached in {reached:.0f} s ({q['seconds'] / max(reached, 1e-9):.1f}x)"
+    return line + f"reached in {reached:.0f} s ({speedup(q):.1f}x)"
 
 
-def bench_optimizers(seconds, path, optimizers=cli.choices("optimizer"), **changes):
-    """Trains the default CPU config with each optimizer for `seconds` of wall time, one after the other in this
-    process on the same text; {optimizer: its steps, ms per step and val loss on the whole held-out split}.
-    changes: other TrainConfig options, the same for every run."""
-    text, tokenizer = data.read_data(data.read_text(path))
-    runs = {}
-    for optimizer in optimizers:
-        tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
-                                       eval_iters=1, device="cpu"), **changes, "optimizer": optimizer})
-        runs[optimizer] = timed_run(tc, text, tokenizer)
-    return runs
+def speedup(q):
+    """How many times sooner than nanoGPT our run reached its loss; 0 where it never did."""
+    if q["reached_seconds"] is None:
+        return 0.0
+    return q["seconds"] / max(q["reached_seconds"], 1e-9)
 
 
-def timed_run(tc, text, tokenizer, variant="default"):
-    """Trains as train.py does for tc.max_time seconds, the model built as VARIANTS[variant] builds it; its steps,
-    ms per step and val loss on the whole held-out split (gpt.split_loss, at the run's last evaluation)."""
-    # train.py's checks of the data, before minutes of training.
-    data.check_fits(text, tokenizer.vocab_size, tc.block_size)
-    torch.manual_seed(tc.seed)
-    model = VARIANTS[variant](tc.model_config(vocab_size=tokenizer.vocab_size))
-    trainer = gpt.Trainer(tc, text, tokenizer, model, log=lambda *args: None)
-    # As train.py steps them, but for the variant that steps torch's own Muon.
-    if variant != "torch.optim.Muon":
-        trainer.optimizers = muon.batched(trainer.optimizers)
-    for _ in trainer.steps():
-        pass
-    return dict(iters=trainer.it, ms_per_iter=trainer.elapsed / trainer.it * 1000, val_loss=trainer.history[-1]["val"])
+def medians_line(runs):
+    """The medians of several runs of --quality --nanogpt: how far below nanoGPT, and how many times sooner."""
+    below = statistics.median(q["val_loss"]["nanoGPT"] - q["val_loss"]["ours"] for q in runs)
+    sooner = statistics.median(speedup(q) for q in runs)
+    return (f"median of {len(runs)} runs: {below:+.4f} below nanoGPT; nanoGPT's loss reached {sooner:.1f}x sooner "
+            f"(a run that never reached it counts as 0x)")
 
 
-def relu_squared(config):
-    """The MLP as nanochat and modded-nanogpt have it: two matrices, 4 * n_embd wide, relu(x)^2 between."""
-    model = gpt.GPT(dataclasses.replace(config, mlp="gelu"))
-    for block in model.h:
-        mlp = block.mlp
-        mlp.forward = lambda x, mlp=mlp: torch.nn.functional.dropout(
-            mlp.c_proj(torch.relu(mlp.c_fc(x)).square()), mlp.dropout, mlp.training)
-    return model
-
-
-def qk_norm(config):
-    """RMSNorm of each head's query and key, without a gain, after their maps and before the rotary turn: QK-norm.
-    A rotation keeps a vector's norm, so norming after gpt.py's turn is the same."""
-    model = gpt.GPT(config)
-    for block in model.h:
-        block.attn.heads = functools.partial(normed_heads, block.attn)
-    return model
-
-
-def normed_heads(attn, x, rope=None):
-    """The queries, keys and values of gpt.CausalSelfAttention.heads, the queries and keys RMS-normed."""
-    q, k, v = gpt.CausalSelfAttention.heads(attn, x, rope)
-    rms = functools.partial(torch.nn.functional.rms_norm, normalized_shape=q.shape[-1:], eps=1e-5)
-    return rms(q), rms(k), v
-
-
-def zero_c_proj(config):
-    """The output projections of the attention and the MLP start at zero: each block starts as the identity."""
-    model = gpt.GPT(config)
-    for name, p in model.named_parameters():
-        if name.endswith("c_proj.weight"):
-            torch.nn.init.zeros_(p)
-    return model
-
-
-# How each variant builds its model from the default config: the candidates for the default block, each alone
-# against it, and the default stepped with torch's Muon, against muon.py's batched step.
-VARIANTS = {"default": gpt.GPT, "torch.optim.Muon": gpt.GPT, "relu squared": relu_squared, "qk-norm": qk_norm,
-            "zero c_proj": zero_c_proj,
-            "tied": lambda config: gpt.GPT(dataclasses.replace(config, tie_weights=True))}
-
-
-def bench_variants(seconds, path, variants=tuple(VARIANTS), rounds=2):
-    """Trains the default CPU config and each variant of it for `seconds` of wall time, one after the other in this
-    process, `rounds` times (the second round in reverse order, against a drifting machine); [(round, variant, run)]
-    with each run's steps, ms per step and val loss on the whole held-out split."""
-    text, tokenizer = data.read_data(data.read_text(path))
-    tc = gpt.TrainConfig(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9, eval_iters=1,
-                         device="cpu")
-    rows = []
-    for r in range(rounds):
-        for variant in variants if r % 2 == 0 else variants[::-1]:
-            rows.append((r + 1, variant, timed_run(tc, text, tokenizer, variant)))
-            print(f"  round {r + 1} {variant:17s} {rows[-1][2]['iters']:6d} steps {rows[-1][2]['ms_per_iter']:6.1f} "
-                  f"ms/step  val loss {rows[-1][2]['val_loss']:.4f}", flush=True)
-    return rows
-
-
-def cosine_lr(tc, it, elapsed):
-    """gpt.lr_at's warmup, then a cosine to min_lr over the steps, or the seconds with max_time: nanoGPT's schedule,
-    and gpt.py's before the flat rate and its cooldown."""
-    if it < tc.warmup_iters:
-        return tc.learning_rate * (it + 1) / tc.warmup_iters
-    done = (elapsed / tc.max_time if tc.max_time
-            else (it - tc.warmup_iters) / max(1, tc.max_iters - tc.warmup_iters))
-    return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
-
-
-def zero_head(config):
-    """The output layer starts at zero: every token equally likely, until it learns otherwise."""
-    model = gpt.GPT(config)
-    torch.nn.init.zeros_(model.lm_head.weight)
-    return model
-
-
-class X0Block(torch.nn.Module):
-    """A block whose input mixes the residual stream with x0, the token embedding, by two learned weights that
-    start at (1, 0): the block as it was, until the embedding proves worth reading again (modded-nanogpt's)."""
-
-    def __init__(self, block, x0):
-        super().__init__()
-        self.block = block
-        self.x0 = x0
-        self.lambdas = torch.nn.Parameter(torch.tensor([1.0, 0.0]))
-
-    def forward(self, x, rope=None, cache=None):
-        return self.block(self.lambdas[0] * x + self.lambdas[1] * self.x0["x"], rope, cache)
-
-
-def x0_shortcut(config):
-    """The token embedding, kept as wte computes it, mixed into every block's input (X0Block)."""
-    model = gpt.GPT(config)
-    x0 = {}
-    model.wte.register_forward_hook(lambda module, args, out: x0.update(x=out))
-    model.h = torch.nn.ModuleList(X0Block(block, x0) for block in model.h)
-    return model
-
-
-# The candidates for the default recipe (part 3 of the speedrun), each a change of today's default: TrainConfig
-# options, a schedule in place of gpt.lr_at, the training step through torch.compile (its compiling counted on the
-# run's clock), Muon's products in another dtype than muon.products_dtype chooses, or a model built otherwise.
-# "the recipe before" is the default before the speedrun's measurements: the embedding tied to the output layer, 100
-# warmup steps, a cosine, 4 layers, Muon's momentum 0.95 from the start, weight decay 0.1, no bigram table; "before the
-# second round" is the default before 3 layers, the embedding's own rate and Muon's rising momentum were adopted;
-# "before the third round", before weight decay went; "before the fourth round", before the bigram table.
-CANDIDATES = {
-    "default": {},
-    "the recipe before": dict(changes=dict(tie_weights=True, warmup_iters=100, n_layer=4, muon_momentum_start=0.95,
-                                           weight_decay=0.1, bigram=0), lr_at=cosine_lr),
-    "before the second round": dict(changes=dict(n_layer=4, embedding_lr=3e-3, muon_momentum_start=0.95,
-                                                 weight_decay=0.1, bigram=0)),
-    "context 64, batch 16": dict(changes=dict(block_size=64, batch_size=16)),
-    "compile": dict(compile=True),
-    "Muon in bfloat16": dict(products=torch.bfloat16),
-    "output layer from zero": dict(model=zero_head),
-    "x0 to every block": dict(model=x0_shortcut),
-    "Newton-Schulz, 4 steps": dict(ns_steps=4),
-    "Newton-Schulz, 3 steps": dict(ns_steps=3),
-    # The third round: the default's rates and decay, each moved alone. No weight decay won and is the default now:
-    # the default before it is the candidate.
-    "Muon at 0.02": dict(changes=dict(muon_lr=0.02)),
-    "embedding at 0.1": dict(changes=dict(embedding_lr=0.1)),
-    "AdamW at 6e-3": dict(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
-    "before the third round": dict(changes=dict(weight_decay=0.1, bigram=0)),
-    # The fourth round adopted the bigram table: the default before it is the candidate.
-    "before the fourth round": dict(changes=dict(bigram=0)),
-    "Muon's momentum flat": dict(changes=dict(muon_momentum_start=0.95)),
-}
-
-
-real_products = muon.products_dtype
-
-
-def candidate_run(seconds, ids, tokenizer, candidate, **changes):
-    """The default CPU run, as train.py trains it, changed as CANDIDATES[candidate] says (and by changes), for
-    `seconds` of wall time on ids; its steps and its val loss on the whole held-out split (its last evaluation's)."""
-    c = CANDIDATES[candidate]
-    tc = gpt.TrainConfig(**{**dict(out_dir="", max_iters=10 ** 9, max_time=seconds, eval_interval=10 ** 9,
-                                   eval_iters=1, device="cpu"), **changes, **c.get("changes", {})})
-    data.check_fits(ids, tokenizer.vocab_size, tc.block_size)
-    # The seed Trainer sets before it builds the default model, for a model built here.
-    torch.manual_seed(tc.seed)
-    model = c.get("model", gpt.GPT)(tc.model_config(vocab_size=tokenizer.vocab_size))
-    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
-    trainer.optimizers = muon.batched(trainer.optimizers)
-    # Fewer orthogonalising iterations than torch's 5: a cheaper step, a less orthogonal update.
-    for group in trainer.optimizers[-1].param_groups if "ns_steps" in c else []:
-        group["ns_steps"] = c["ns_steps"]
-    if c.get("compile"):
-        torch._dynamo.reset()
-        trainer.wrapped_model = torch.compile(trainer.model)
-    products = c.get("products")
-    with (unittest.mock.patch.object(gpt, "lr_at", c.get("lr_at", gpt.lr_at)),
-          unittest.mock.patch.object(muon, "products_dtype", lambda device: products or real_products(device))):
-        for _ in trainer.steps():
-            pass
-    return dict(iters=trainer.it, val_loss=trainer.history[-1]["val"])
-
-
-def bench_candidates(seconds, path, candidates, rounds=3, **changes):
-    """The default and each candidate trained for `seconds` on the text at path, one after the other, `rounds` times
-    in alternating order (against a drifting machine); [(round, candidate, run)]."""
-    ids, tokenizer = data.read_data(data.DataFile(path, None))
-    rows = []
-    for r in range(rounds):
-        for candidate in candidates if r % 2 == 0 else candidates[::-1]:
-            rows.append((r + 1, candidate, candidate_run(seconds, ids, tokenizer, candidate, **changes)))
-            print(f"  round {r + 1} {candidate:26s} {rows[-1][2]['iters']:6d} steps  val loss "
-                  f"{rows[-1][2]['val_loss']:.4f}", flush=True)
-    return rows
-
-
-ENCODE = """
-import sys, time, tracemalloc
-import data
-start = time.perf_counter()
-ids, chars = data.encode_file(sys.argv[1])
-seconds = time.perf_counter() - start
-del ids
-tracemalloc.start()
-ids, chars = data.encode_file(sys.argv[1])
-peak = tracemalloc.get_traced_memory()[1]
-print(len(ids), ids.dtype, len(chars), seconds, peak)
-"""
-
-
-def bench_encoding(megabytes=100, source="input.txt"):
-    """Reading a text of about megabytes MB into token ids, as train.py --data does, in a process of
-    its own: MB/s, and the most memory it held at once (the ids included, as tracemalloc counts
-    NumPy's arrays and Python's objects), in bytes per character."""
-    with open(source, "rb") as f:
-        piece = f.read()
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "text.txt")
-        with open(path, "wb") as f:
-            for _ in range(max(1, round(megabytes * 1e6 / len(piece)))):
-                f.write(piece)
-        size = os.path.getsize(path)
-        done = subprocess.run([sys.executable, "-c", ENCODE, path], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)))
-    if done.returncode:
-        raise ValueError(f"encoding failed: {done.stderr.strip().splitlines()[-1]}")
-    chars, dtype, vocab, seconds, peak = done.stdout.split()
-    return dict(megabytes=size / 1e6, characters=int(chars), dtype=dtype, vocab_size=int(vocab),
-                seconds=float(seconds), mb_per_s=size / 1e6 / float(seconds),
-                bytes_per_char=int(peak) / int(chars))
-
-
-def versus_transformers(rounds=3, prompt_tokens=16, new_tokens=32):
-    """Greedy sampling at GPT-2 small's shape (random weights, float32, CPU): gpt2.from_state_dict of
-    transformers' own GPT2LMHeadModel, the same weights copied into nn.Linear's own order in memory,
-    and that model's generate with its KV cache, in tokens per second, interleaved; and whether all
-    drew the same tokens."""
-    try:
-        import transformers
-    except ImportError:
-        raise ValueError("--gpt2 times transformers' generate, and transformers is not installed: "
-                         "pip install transformers") from None
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
-    ours = gpt2.from_state_dict(theirs.state_dict()).eval()
-    # The same weights copied into nn.Linear's own (out, in) order in memory, as load_state_dict copies them.
-    copied = gpt.GPT(ours.config).eval()
-    copied.load_state_dict(ours.state_dict())
-    prompt = torch.randint(0, 50257, (1, prompt_tokens))
-    drawn = {}
-
-    def our_generate():
-        drawn["ours"] = ours.generate(prompt, new_tokens, temperature=0)
-
-    def copied_generate():
-        drawn["copied"] = copied.generate(prompt, new_tokens, temperature=0)
-
-    @torch.inference_mode()
-    def their_generate():
-        drawn["transformers"] = theirs.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                                do_sample=False, use_cache=True, pad_token_id=0)
-
-    t = interleaved({"ours": our_generate, "copied": copied_generate, "transformers": their_generate},
-                    torch.device("cpu"), rounds, repeats=1, warmup=1)
-    same = torch.equal(drawn["ours"], drawn["transformers"]) and torch.equal(drawn["copied"], drawn["ours"])
-    return dict(tokens_per_s={who: new_tokens / seconds for who, seconds in t.items()},
-                same_tokens=same, transformers=transformers.__version__, new_tokens=new_tokens)
-
-
-# What --optimizers itself sets: the time, and that the runs write nothing.
+# -------------------------------------------------------------------------------------------------- command line
+# What a harness sets itself: the time, that the runs write nothing, the data's vocabulary, the optimizer of
+# --optimizers.
 NOT_SET = ("out_dir", "device", "max_time", "max_iters", "eval_interval", "eval_iters", "optimizer", "vocab_size")
 
 
@@ -818,58 +880,216 @@ def train_option(text):
     return name, cli.parse_option(name, value)
 
 
-def measure(argv=None):
+def names(settings):
+    """The settings' names after the first, as --help lists them."""
+    return " | ".join(list(settings)[1:])
+
+
+def make_parser():
     parser = cli.Parser(description="Benchmark gpt.py on this machine.")
-    parser.add_argument("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
-    parser.add_argument("--profile", action="store_true", help="instead: profile training and decode steps")
-    parser.add_argument("--maps", action="store_true",
-                        help="instead: time steps with the attention's plain maps and with them in one stacked product")
-    parser.add_argument("--gpt2", action="store_true",
-                        help="instead: greedy sampling at GPT-2 small's shape beside transformers' generate")
-    parser.add_argument("--quality", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"), metavar="SECONDS",
-                        nargs="?", const=0.0,
-                        help="instead: train the default CPU config this long and report its val loss on the whole "
-                             "held-out split; with --nanogpt DIR and no SECONDS, train nanoGPT's model.py by its CPU "
-                             "recipe, then ours for the same time, and compare their val losses")
-    parser.add_argument("--optimizers", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
-                        metavar="SECONDS", help="instead: train the default CPU config this long with each optimizer, "
-                                                "one after the other, and compare their val losses")
-    parser.add_argument("--variants", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
-                        metavar="SECONDS", help="instead: train the default CPU config and each variant of it this "
-                                                "long, twice, one after the other, and compare their val losses")
-    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
-                        help="with --variants: this one and the default alone; again for more")
-    parser.add_argument("--candidates", type=cli.number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)"),
-                        metavar="SECONDS", help="instead: train the default and each candidate for its recipe this "
-                                                "long, three times in alternating order; val loss on the whole split")
-    parser.add_argument("--candidate", action="append", choices=list(CANDIDATES)[1:],
-                        help="with --candidates: this one and the default alone; again for more; once with --quality "
-                             "--nanogpt: ours with a candidate's model")
-    parser.add_argument("--data", default="input.txt", help="text for --quality, --optimizers and --variants "
-                                                            "(default: %(default)s)")
-    parser.add_argument("--only", choices=cli.choices("optimizer"), help="with --optimizers: run this one alone")
-    parser.add_argument("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
-                        help="with --optimizers: an option of train.py for every run, as its flag takes it "
-                             "(--set muon_lr=0.02); again for more")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only "
-                                                        "(default: %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
-    args = parser.parse_args(argv)
+    add = parser.add_argument
+    add("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
+    add("--profile", action="store_true", help="instead: profile training and decode steps")
+    add("--maps", action="store_true",
+        help="instead: time steps with the attention's plain maps and with them in one stacked product")
+    add("--gpt2", action="store_true", help="instead: greedy sampling at GPT-2 small's shape beside transformers'")
+    add("--quality", type=cli.SECONDS, metavar="SECONDS", nargs="?", const=0.0,
+        help="instead: train the default CPU config this long and report its val loss on the whole held-out split; "
+             "with --nanogpt DIR and no SECONDS, train nanoGPT's model.py by its CPU recipe, then ours for the same "
+             "time, and compare their val losses")
+    for mode, what in (("optimizers", "with each optimizer"), ("variants", "and each variant of its block"),
+                       ("candidates", "and each candidate for its recipe"),
+                       ("copier", "through train.py's Muon step (muon.batched) and gpt.train's (gpt.Muon)")):
+        add(f"--{mode}", type=cli.SECONDS, metavar="SECONDS",
+            help=f"instead: train the default CPU config {what} this long, in alternating rounds ({HARNESSES[mode][1]} "
+                 f"by default), and compare their val losses on the whole held-out split")
+    add("--runs", type=cli.AT_LEAST_1, metavar="N",
+        help="with --quality: this many runs, each printed, then their medians; with a harness (--optimizers, "
+             "--variants, --candidates, --copier): this many rounds")
+    add("--only", choices=list(OPTIMIZERS), help="with --optimizers: run this one alone")
+    add("--variant", action="append", choices=list(VARIANTS)[1:], metavar="NAME",
+        help=f"with --variants: this one and the default alone; again for more. One of: {names(VARIANTS)}")
+    add("--candidate", action="append", choices=list(CANDIDATES)[1:], metavar="NAME",
+        help=f"with --candidates: this one and the default alone; again for more; once with --quality --nanogpt: "
+             f"ours with a candidate. One of: {names(CANDIDATES)}")
+    add("--data", default="input.txt", help="text (or .bin ids) for --quality and the harnesses (default: %(default)s)")
+    add("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
+        help="with a harness: an option of train.py for every run, as its flag takes it (--set muon_lr=0.02); "
+             "again for more")
+    add("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only (default: %(default)s)")
+    add("--json", metavar="PATH", help="also write the figures to this JSON file")
+    return parser
+
+
+def asked(args, mode):
+    """Whether the flag of mode was given (--quality alone gives 0.0)."""
+    value = getattr(args, mode)
+    return value is not None and value is not False
+
+
+def check_args(parser, args):
+    """Refuses, in argparse's one line, flags that go with a mode not asked for."""
+    harness = any(asked(args, mode) for mode in HARNESSES)
     if args.quality is not None and bool(args.quality) == bool(args.nanogpt):
         parser.error("--quality takes SECONDS, or with --nanogpt DIR none: nanoGPT's recipe sets the time")
-    if args.only and not args.optimizers or args.set and not (args.optimizers or args.candidates):
-        parser.error("--only goes with --optimizers, --set with --optimizers or --candidates")
+    if args.only and not args.optimizers:
+        parser.error("--only goes with --optimizers")
+    if args.set and not harness:
+        parser.error("--set goes with --optimizers, --variants, --candidates or --copier")
+    if args.runs and not (harness or args.quality is not None):
+        parser.error("--runs goes with --quality, --optimizers, --variants, --candidates or --copier")
+    if args.variant and not args.variants:
+        parser.error("--variant goes with --variants")
+    versus = args.quality == 0.0 and args.nanogpt
+    if args.candidate and not (args.candidates or versus and len(args.candidate) == 1):
+        parser.error("--candidate goes with --candidates, or once with --quality --nanogpt")
     try:  # the options together, as train.py holds them: min_lr at most learning_rate, say
         gpt.TrainConfig(**dict(args.set))
     except ValueError as e:
         parser.error(f"--set: {e}")
-    models = [name for name in CANDIDATES if set(CANDIDATES[name]) == {"model"}]
-    if args.candidate and not (args.candidates or args.nanogpt and args.quality == 0.0 and len(args.candidate) == 1
-                               and args.candidate[0] in models):
-        parser.error(f"--candidate goes with --candidates, or once with --quality --nanogpt: one of "
-                     f"{', '.join(models)}")
-    if args.variant and not args.variants:
-        parser.error("--variant goes with --variants")
+
+
+def chosen(mode, args):
+    """The settings of a harness that the flags pick: --only's alone, or the first and each --variant or
+    --candidate, or all."""
+    settings = HARNESSES[mode][0]
+    if args.only:
+        return {args.only: settings[args.only]}
+    picked = {"variants": args.variant, "candidates": args.candidate}.get(mode) or list(settings)
+    first = next(iter(settings))
+    return {name: s for name, s in settings.items() if name == first or name in picked}
+
+
+def harness_mode(mode, args, device, figures):
+    seconds = getattr(args, mode)
+    rounds = args.runs or HARNESSES[mode][1]
+    print(f"--{mode}: {seconds:g} s of training each on {args.data}, in {rounds} round{'s' * (rounds > 1)}, every "
+          f"other one in reverse order; each one's loss on the whole held-out split:", flush=True)
+    rows = figures[mode] = compare(chosen(mode, args), seconds, args.data, rounds, device, **dict(args.set))
+    print("\n".join(summary(rows)))
+
+
+def their_fault(folder, error):
+    return ValueError(f"the GPT of {folder}/model.py does not run as nanoGPT's does ({error}): pass --nanogpt the "
+                      f"folder of nanoGPT's model.py")
+
+
+def quality_mode(args, device, figures):
+    runs = []
+    if args.nanogpt:
+        nano = load_nanogpt(args.nanogpt)
+        for _ in range(args.runs or 1):
+            try:
+                runs.append(quality_versus_nanogpt(nano, args.data, NANOGPT_RECIPE, SNAPSHOTS,
+                                                   candidate=(args.candidate or ["default"])[0]))
+            except TheirFault as e:
+                raise their_fault(args.nanogpt, e) from None
+            print(versus_line(runs[-1]), flush=True)
+        figures["quality_versus_nanogpt"] = runs
+        if len(runs) > 1:
+            print(medians_line(runs))
+        return
+    for _ in range(args.runs or 1):
+        q = bench_quality(args.quality, args.data)
+        runs.append(q)
+        print(f"{q['seconds']:g} s of training on {q['data']}: {q['iters']} iterations, val loss {q['val_loss']:.4f}")
+        print(q["report"], flush=True)
+    figures["quality"] = runs
+    if len(runs) > 1:
+        print(f"median of {len(runs)} runs: val loss {statistics.median(q['val_loss'] for q in runs):.4f}")
+
+
+def nanogpt_mode(args, device, figures):
+    nano = load_nanogpt(args.nanogpt)
+    try:
+        v = figures["versus_nanogpt"] = versus_nanogpt(nano, device)
+    except TheirFault as e:
+        raise their_fault(args.nanogpt, e) from None
+    print(f"beside nanoGPT's model.py from {args.nanogpt}, interleaved in this run, medians:")
+    print(f"{'':58s} {'this project':>13s} {'nanoGPT':>9s} {'ratio':>6s}")
+    for label, key, unit, faster in (
+            (f"training step, CPU-recipe shape ({RECIPE_SHAPE})", "step_ms", "ms", min),
+            (f"sampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context, {shape(SAMPLING)} (KV cache)",
+             "fill_tokens_per_s", "tok/s", max),
+            ("sampling past a full context (a full forward each)", "past_tokens_per_s", "tok/s", max)):
+        ours, theirs = v[key]["ours"], v[key]["nanoGPT"]
+        ratio = theirs / ours if faster is min else ours / theirs
+        print(f"{label[:58]:58s} {ours:8.1f} {unit:5s}{theirs:7.1f} {unit:5s}{ratio:5.2f}x")
+    print(f"\nnanoGPT's CPU recipe here: {RECIPE_STEPS} steps x {v['step_ms']['nanoGPT']:.1f} ms + {RECIPE_EVALS} "
+          f"evaluations x {2 * RECIPE_EVAL_ITERS} batches x {v['eval_batch_ms']:.1f} ms = "
+          f"{v['recipe_seconds']:.0f} s (its data loading and logging left out). The same budget for this project:")
+    print(f"  python bench.py --quality {v['recipe_seconds']:.0f} --data tinyshakespeare.txt")
+
+
+def gpt2_mode(args, device, figures):
+    g = figures["versus_transformers"] = versus_transformers()
+    ours = g["tokens_per_s"]["ours"]
+    theirs = g["tokens_per_s"]["transformers"]
+    copied = g["tokens_per_s"]["copied"]
+    print(f"greedy sampling of {g['new_tokens']} tokens at GPT-2 small's shape (random weights, "
+          f"float32, CPU), interleaved, medians: gpt2.from_state_dict {ours:.1f} tok/s, transformers "
+          f"{g['transformers']} generate with its cache {theirs:.1f} tok/s, {ours / theirs:.2f}x; "
+          f"the same tokens: {g['same_tokens']}")
+    print(f"the same weights copied into nn.Linear's (out, in) order in memory: {copied:.1f} tok/s, "
+          f"{copied / theirs:.2f}x transformers")
+
+
+def maps_mode(args, device, figures):
+    figures["maps"] = bench_maps(device)
+    print("the attention's q, k and v as three products (gpt.py) or one of the weights stacked, interleaved, medians:")
+    for r in figures["maps"]:
+        print(f"  {r['name']:42s} plain {r['plain_ms']:7.2f} ms, stacked {r['stacked_ms']:7.2f} ms, "
+              f"stacked {r['plain_ms'] / r['stacked_ms'] - 1:+.1%} faster")
+
+
+def profile_mode(args, device, figures):
+    figures["profile"] = profile_steps(device)
+    for name, rows in figures["profile"].items():
+        print(f"\n{name}: ms per step in each op's own code (torch.profiler, 20 steps)")
+        for op, ms, share in rows:
+            print(f"  {op[:48]:48s} {ms:7.2f} ms {share:6.1%}")
+    r = figures["weight_reads_gb_per_s"] = weight_reads(device)
+    print(f"\nreading the {shape(SAMPLING)} model's {r['megabytes']:.0f} MB of weights, as each decode step does: "
+          f"one-row matmuls {r['one-row matmuls']:.1f} GB/s, the same with the weights laid out (in, out) in memory "
+          f"{r['one-row matmuls, (in, out) in memory']:.1f} GB/s, a sum of each tensor {r['sums']:.1f} GB/s")
+
+
+def speed_mode(args, device, figures):
+    bf16 = gpt.matmul_dtype(device) is torch.bfloat16
+    n, peaks = matmul_peaks([torch.float32] + ([torch.bfloat16] if bf16 else []), device)
+    figures.update(matmul_gflops=peaks, training=bench_training(device, peaks, bf16),
+                   muon=bench_muon(device), sampling_tokens_per_s=bench_sampling(device))
+    print(f"Muon's products (gpt.matmul_dtype): {dtype_name(gpt.matmul_dtype(device))}; matmul peak ({n}x{n}): "
+          + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
+    print(f"\n{'training':34s} {'dtype':14s} {'ms/iter':>8s} {'tok/s':>8s} {'MFU':>6s}")
+    for r in figures["training"]:
+        print(f"{r['name']:34s} {r['dtype']:14s} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
+    m = figures["muon"]["step_ms"]
+    print(f"\nMuon's step on the default model's {figures['muon']['matrices']}: gpt.Muon {m['gpt.Muon']:.1f} ms, "
+          f"muon.BatchedMuon {m['muon.BatchedMuon']:.1f} ms, {m['gpt.Muon'] / m['muon.BatchedMuon']:.1f}x")
+    s = figures["sampling_tokens_per_s"]
+    print(f"\nsampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context ({SAMPLING['n_layer']} layers, "
+          f"{SAMPLING['n_embd']} wide): KV cache {s['kv_cache']:.0f} tok/s, a full forward per token "
+          f"{s['full_forward']:.0f} tok/s, {s['kv_cache'] / s['full_forward']:.1f}x")
+    if device.type != "cuda":
+        t = figures["twin_ms"] = bench_twin()
+        print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
+              f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
+    e = figures["encoding"] = bench_encoding()
+    print(f"\nreading a {e['megabytes']:.0f} MB text into token ids ({e['vocab_size']} characters, "
+          f"{e['dtype']}), as train.py --data does: {e['mb_per_s']:.0f} MB/s, "
+          f"{e['bytes_per_char']:.2f} bytes of memory per character")
+
+
+# The modes, each by the flag that asks for it, looked for in this order; with none of them, speed_mode.
+MODES = {"quality": quality_mode, **{mode: functools.partial(harness_mode, mode) for mode in HARNESSES},
+         "nanogpt": nanogpt_mode, "gpt2": gpt2_mode, "maps": maps_mode, "profile": profile_mode}
+
+
+def measure(argv=None):
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     device = cli.usable_device(args.device)
     try:  # an unwritable --json fails now, not after minutes of measuring; "a" leaves a file there as it is till then
         if args.json:
@@ -878,128 +1098,10 @@ def measure(argv=None):
         raise ValueError(f"cannot write {args.json} ({e.strerror}): pass --json a file in a folder that exists")
     figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads(),
                    device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
-    print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, {figures['date']}")
-    if args.quality == 0.0 and args.nanogpt:
-        nano = load_nanogpt(args.nanogpt)
-        try:
-            candidate = (args.candidate or ["default"])[0]
-            q = figures["quality_versus_nanogpt"] = quality_versus_nanogpt(nano, args.data, NANOGPT_RECIPE, SNAPSHOTS,
-                                                                            candidate=candidate)
-        except TheirFault as e:
-            raise ValueError(f"the GPT of {args.nanogpt}/model.py does not run as nanoGPT's does ({e}): pass "
-                             f"--nanogpt the folder of nanoGPT's model.py") from None
-        print(versus_line(q))
-    elif args.quality:
-        q = figures["quality"] = bench_quality(args.quality, args.data)
-        print(f"{q['seconds']:.0f} s of training on {q['data']}: {q['iters']} iterations, val loss {q['val_loss']:.4f}")
-        print(q["report"])
-    elif args.optimizers:
-        changes = dict(args.set)
-        runs = figures["optimizers"] = bench_optimizers(args.optimizers, args.data,
-                                                        (args.only,) if args.only else cli.choices("optimizer"),
-                                                        **changes)
-        default = gpt.TrainConfig().optimizer
-        print(f"{args.optimizers:.0f} s of training each on {args.data}, the default CPU config, one after the other; "
-              f"val loss on the whole held-out split:")
-        for name, run in runs.items():
-            print(f"  {name:6s} {run['iters']:6d} steps {run['ms_per_iter']:6.1f} ms/step  val loss "
-                  f"{run['val_loss']:.4f}" + ("  (the default)" if name == default else ""))
-        if len(runs) == 2:
-            other = next(name for name in runs if name != default)
-            print(f"{default} - {other}: {runs[default]['val_loss'] - runs[other]['val_loss']:+.4f}")
-    elif args.variants:
-        variants = ["default"] + [v for v in VARIANTS if v in (args.variant or VARIANTS) and v != "default"]
-        print(f"{args.variants:.0f} s of training each on {args.data}, one after the other; val loss on the whole "
-              f"held-out split:")
-        rows = bench_variants(args.variants, args.data, variants)
-        figures["variants"] = [dict(round=r, variant=v, **run) for r, v, run in rows]
-        default = {r: run["val_loss"] for r, v, run in rows if v == "default"}
-        for variant in variants[1:]:
-            deltas = [run["val_loss"] - default[r] for r, v, run in rows if v == variant]
-            print(f"  {variant:17s} minus the default, each round: {', '.join(f'{d:+.4f}' for d in deltas)}")
-    elif args.candidates:
-        candidates = ["default"] + [c for c in CANDIDATES if c in (args.candidate or CANDIDATES) and c != "default"]
-        print(f"{args.candidates:.0f} s of training each on {args.data}, alternating; val loss on the whole held-out "
-              f"split:")
-        rows = bench_candidates(args.candidates, args.data, candidates, **dict(args.set))
-        figures["candidates"] = [dict(round=r, candidate=c, **run) for r, c, run in rows]
-        mean = {c: statistics.mean(run["val_loss"] for _, name, run in rows if name == c) for c in candidates}
-        for c in candidates:
-            print(f"  {c:26s} mean {mean[c]:.4f}, minus the default's {mean[c] - mean['default']:+.4f}")
-    elif args.nanogpt:
-        nano = load_nanogpt(args.nanogpt)
-        try:
-            v = figures["versus_nanogpt"] = versus_nanogpt(nano, device)
-        except TheirFault as e:
-            raise ValueError(f"the GPT of {args.nanogpt}/model.py does not run as nanoGPT's does ({e}): pass "
-                             f"--nanogpt the folder of nanoGPT's model.py") from None
-        print(f"beside nanoGPT's model.py from {args.nanogpt}, interleaved in this run, medians:")
-        print(f"{'':58s} {'this project':>13s} {'nanoGPT':>9s} {'ratio':>6s}")
-        for label, key, unit, faster in (
-                ("training step, CPU-recipe shape (4x128, context 64, batch 12)", "step_ms", "ms", min),
-                ("sampling 200 tokens into a 256 context, 6x384 (KV cache)", "fill_tokens_per_s", "tok/s", max),
-                ("sampling past a full context (a full forward each)", "past_tokens_per_s", "tok/s", max)):
-            ours, theirs = v[key]["ours"], v[key]["nanoGPT"]
-            ratio = theirs / ours if faster is min else ours / theirs
-            print(f"{label[:58]:58s} {ours:8.1f} {unit:5s}{theirs:7.1f} {unit:5s}{ratio:5.2f}x")
-        print(f"\nnanoGPT's CPU recipe here: {RECIPE_STEPS} steps x {v['step_ms']['nanoGPT']:.1f} ms + {RECIPE_EVALS} "
-              f"evaluations x {2 * RECIPE_EVAL_ITERS} batches x {v['eval_batch_ms']:.1f} ms = "
-              f"{v['recipe_seconds']:.0f} s (its data loading and logging left out). The same budget for this project:")
-        print(f"  python bench.py --quality {v['recipe_seconds']:.0f} --data tinyshakespeare.txt")
-    elif args.gpt2:
-        g = figures["versus_transformers"] = versus_transformers()
-        ours = g["tokens_per_s"]["ours"]
-        theirs = g["tokens_per_s"]["transformers"]
-        copied = g["tokens_per_s"]["copied"]
-        print(f"greedy sampling of {g['new_tokens']} tokens at GPT-2 small's shape (random weights, "
-              f"float32, CPU), interleaved, medians: gpt2.from_state_dict {ours:.1f} tok/s, transformers "
-              f"{g['transformers']} generate with its cache {theirs:.1f} tok/s, {ours / theirs:.2f}x; "
-              f"the same tokens: {g['same_tokens']}")
-        print(f"the same weights copied into nn.Linear's (out, in) order in memory: {copied:.1f} tok/s, "
-              f"{copied / theirs:.2f}x transformers")
-    elif args.maps:
-        figures["maps"] = bench_maps(device)
-        print("the attention's q, k and v as three products (gpt.py) or one of the weights stacked, "
-              "interleaved, medians:")
-        for r in figures["maps"]:
-            print(f"  {r['name']:42s} plain {r['plain_ms']:7.2f} ms, stacked {r['stacked_ms']:7.2f} ms, "
-                  f"stacked {r['plain_ms'] / r['stacked_ms'] - 1:+.1%} faster")
-    elif args.profile:
-        figures["profile"] = profile_steps(device)
-        for name, rows in figures["profile"].items():
-            print(f"\n{name}: ms per step in each op's own code (torch.profiler, 20 steps)")
-            for op, ms, share in rows:
-                print(f"  {op[:48]:48s} {ms:7.2f} ms {share:6.1%}")
-        r = figures["weight_reads_gb_per_s"] = weight_reads(device)
-        print(f"\nreading the 6x384 model's {r['megabytes']:.0f} MB of weights, as each decode step does: one-row "
-              f"matmuls {r['one-row matmuls']:.1f} GB/s, the same with the weights laid out (in, out) in memory "
-              f"{r['one-row matmuls, (in, out) in memory']:.1f} GB/s, a sum of each tensor {r['sums']:.1f} GB/s")
-    else:
-        cuda = device.type == "cuda"
-        bf16 = ("cuda" if torch.cuda.is_bf16_supported() else None) if cuda else muon.native_bf16()
-        n, peaks = matmul_peaks([torch.float32] + ([torch.bfloat16] if bf16 else []), device)
-        figures.update(matmul_gflops=peaks, training=bench_training(device, peaks, bf16),
-                       muon_step_ms=bench_muon(device), sampling_tokens_per_s=bench_sampling(device))
-        print(f"native bf16: {bf16 or 'none found'}; matmul peak ({n}x{n}): "
-              + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
-        print(f"\n{'training':34s} {'dtype':14s} {'ms/iter':>8s} {'tok/s':>8s} {'MFU':>6s}")
-        for r in figures["training"]:
-            print(f"{r['name']:34s} {r['dtype']:14s} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
-        m = figures["muon_step_ms"]
-        print(f"\nMuon's step on the default CPU model's 28 matrices: torch.optim.Muon {m['torch.optim.Muon']:.1f} ms, "
-              f"muon.BatchedMuon {m['muon.BatchedMuon']:.1f} ms, {m['torch.optim.Muon'] / m['muon.BatchedMuon']:.1f}x")
-        s = figures["sampling_tokens_per_s"]
-        print(f"\nsampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context ({SAMPLING['n_layer']} layers, "
-              f"{SAMPLING['n_embd']} wide): KV cache {s['kv_cache']:.0f} tok/s, a full forward per token "
-              f"{s['full_forward']:.0f} tok/s, {s['kv_cache'] / s['full_forward']:.1f}x")
-        if not cuda:
-            t = figures["twin_ms"] = bench_twin()
-            print(f"\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch {t['pytorch']:.1f} ms, "
-                  f"NumPy twin {t['numpy']:.1f} ms, {t['numpy'] / t['pytorch']:.2f}x")
-        e = figures["encoding"] = bench_encoding()
-        print(f"\nreading a {e['megabytes']:.0f} MB text into token ids ({e['vocab_size']} characters, "
-              f"{e['dtype']}), as train.py --data does: {e['mb_per_s']:.0f} MB/s, "
-              f"{e['bytes_per_char']:.2f} bytes of memory per character")
+    print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, {figures['date']}",
+          flush=True)
+    mode = next((mode for mode in MODES if asked(args, mode)), None)
+    MODES.get(mode, speed_mode)(args, device, figures)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)

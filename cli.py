@@ -51,6 +51,9 @@ def parse_bool(text):
 
 # An option that is a switch: --compile alone, or --compile false.
 FLAG = dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")
+# Seconds to train or time for, and a count: one rule each, for every command line that takes them.
+SECONDS = number(float, lambda s: 0 < s < 1e6, "in (0, 1e6)")
+AT_LEAST_1 = number(int, lambda n: n >= 1, "at least 1")
 
 
 def usable_device(name=""):
