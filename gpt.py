@@ -1,8 +1,8 @@
 """A GPT in one file of PyTorch: a character tokenizer, the model, sampling through a KV cache, one
 training loop, checkpoints and device choice. It imports only torch; importing it does nothing."""
 import math
+import numbers
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 
@@ -26,50 +26,59 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
 
-def option(default, *rule, help=""):
-    """A config field, its rule ([low, high) of a number, which NaN fails; a str's values), help."""
-    return field(default=default, metadata={"rule": rule, "help": help})
+# The most steps, seconds or batches any run takes: a bound that refuses a slip like 1e400.
+MANY = 10 ** 9
+
+
+def option(default, min=None, max=None, choices=None, help=""):
+    """A config field with its rule: a number in [min, max] (bounds included), or a str among
+    choices; help is what train.py --help says of it."""
+    return field(default=default, metadata=dict(min=min, max=max, choices=choices, help=help))
 
 
 def check_option(f, value):
-    """A ValueError unless value has the type of field f's default and meets its option() rule."""
+    """value in the type of field f's default, if it meets f's rule; else a ValueError."""
     kind = type(f.default)
-    rule = f.metadata.get("rule")
-    # type(), not isinstance(): True is an int. An int serves for a float.
-    if "rule" in f.metadata and type(value) not in (kind, int if kind is float else kind):
+    # A NumPy number is a number too. A bool is an int to Python, but never a count or a rate.
+    accepted = {int: numbers.Integral, float: numbers.Real}.get(kind, kind)
+    if not isinstance(value, accepted) or isinstance(value, bool) != (kind is bool):
         raise ValueError(f"{f.name} must be of type {kind.__name__}, not {value!r}")
-    if rule and not (value in rule if kind is str else rule[0] <= value < rule[1]):
-        allowed = f"one of {', '.join(rule)}" if kind is str else f"in [{rule[0]}, {rule[1]})"
-        raise ValueError(f"{f.name} must be {allowed}, not {value!r}")
+    value = kind(value)
+    rule = f.metadata
+    if rule["choices"] and value not in rule["choices"]:
+        raise ValueError(f"{f.name} must be one of {', '.join(rule['choices'])}, not {value!r}")
+    # A number option has both bounds. NaN fails every comparison, so it fails the rule too.
+    if rule["min"] is not None and not rule["min"] <= value <= rule["max"]:
+        raise ValueError(f"{f.name} must be in [{rule['min']}, {rule['max']}], not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """The model's options: Llama's block and a bigram table (GPT-2's: norm="layernorm",
-    pos="learned", mlp="gelu", bias=True, tie_weights=True, bigram=0). Checked when made, frozen."""
-    vocab_size: int = option(65, 1, 2 ** 20 + 1, help="Tokens in the vocabulary.")
-    block_size: int = option(128, 1, math.inf, help="The context: the most tokens read at once.")
-    n_layer: int = option(3, 1, math.inf, help="Transformer blocks.")
-    n_head: int = option(4, 1, math.inf, help="Attention heads.")
-    n_embd: int = option(128, 1, math.inf, help="Width of the residual stream.")
-    dropout: float = option(0.0, 0, 1, help="Dropout probability.")
+    """The model's options: Llama's block and a bigram table by default; GPT-2's block is
+    norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True, bigram=0."""
+    vocab_size: int = option(65, min=1, max=2 ** 20, help="Tokens in the vocabulary.")
+    block_size: int = option(128, min=1, max=2 ** 20, help="The most tokens read at once.")
+    n_layer: int = option(3, min=1, max=1024, help="Transformer blocks.")
+    n_head: int = option(4, min=1, max=1024, help="Attention heads.")
+    n_embd: int = option(128, min=1, max=2 ** 16, help="Width of the residual stream.")
+    dropout: float = option(0.0, min=0, max=0.99, help="Dropout probability.")
     bias: bool = option(False, help="Biases in the linear layers and LayerNorm.")
     tie_weights: bool = option(False, help="Share the token embedding with the output layer.")
-    norm: str = option("rmsnorm", "rmsnorm", "layernorm", help="RMSNorm or LayerNorm.")
-    pos: str = option("rope", "rope", "learned", help="Rotary or learned position embeddings.")
-    mlp: str = option("swiglu", "swiglu", "gelu", help="SwiGLU or GELU's MLP.")
-    bigram: int = option(8192, 0, 2 ** 24, help="Rows of the token pairs' table (0: none).")
+    norm: str = option("rmsnorm", choices=("rmsnorm", "layernorm"), help="RMSNorm or LayerNorm.")
+    pos: str = option("rope", choices=("rope", "learned"), help="Rotary or learned positions.")
+    mlp: str = option("swiglu", choices=("swiglu", "gelu"), help="SwiGLU or GELU's MLP.")
+    bigram: int = option(8192, min=0, max=2 ** 24, help="Rows of the token pairs' table (0: none).")
 
     def __post_init__(self):
-        """Each option as its rule says, then the rules that tie two options."""
+        # Each option by its rule, kept in its own type (a NumPy number would not load back).
         for f in fields(self):
-            check_option(f, getattr(self, f.name))
+            if "choices" in f.metadata:
+                object.__setattr__(self, f.name, check_option(f, getattr(self, f.name)))
         # Rotary positions turn pairs of channels within each head.
-        if self.n_embd % (2 * self.n_head if self.pos == "rope" else self.n_head):
+        per_head = 2 if self.pos == "rope" else 1
+        if self.n_embd % (per_head * self.n_head):
             raise ValueError(f"n_embd must be a multiple of n_head ({self.n_head}), twice for rope")
-        # TrainConfig's: no rising decay (learning_rate=1e-4 alone is below the default min_lr).
-        if getattr(self, "min_lr", 0) > getattr(self, "learning_rate", 1):
-            raise ValueError(f"min_lr must be at most learning_rate ({self.learning_rate})")
 
 
 def make_norm(config):
@@ -82,7 +91,8 @@ def make_norm(config):
 def rope_tables(config):
     """cos and sin of every position's angles, (block_size, head size) each."""
     hs = config.n_embd // config.n_head
-    # Pair (j, j+hs/2) turns by pos * 10000^(-2j/hs): fast pairs part near positions, slow ones far.
+    # Pair (j, j+hs/2) turns by pos * 10000^(-2j/hs): fast pairs part near positions,
+    # slow ones far.
     inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
     angles = torch.outer(torch.arange(config.block_size).double(), inv_freq).repeat(1, 2)
     return angles.cos().float(), angles.sin().float()
@@ -133,9 +143,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.heads(x, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
-        # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow with the head
-        # size. is_causal gives later keys weight 0, by a mask aligned top left (query i sees keys
-        # 0 to i): the one query after a cache, the last position, goes without it and sees all.
+        # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow
+        # with the head size. is_causal gives later keys weight 0, by a mask aligned
+        # top left (query i sees keys 0 to i): the one query after a cache, the last
+        # position, goes without it and sees all.
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
         y = y.transpose(1, 2).flatten(2)  # (B, T, nh * hs): the heads side by side again
@@ -143,11 +154,14 @@ class CausalSelfAttention(nn.Module):
 
     def heads(self, x, rope=None):
         """q, k and v of x (B, T, C), (B, nh, T, hs) each; q and k turned by rope's (cos, sin)."""
+        B, T, C = x.shape
         # Each head reads its own hs = C // nh channels: the heads become a batch dimension.
-        maps = (self.c_q, self.c_k, self.c_v)
-        # (B, nh, T, hs) each
-        q, k, v = (m(x).unflatten(-1, (self.n_head, -1)).transpose(1, 2) for m in maps)
-        return (q, k, v) if rope is None else (rope_forward(q, *rope), rope_forward(k, *rope), v)
+        q = self.c_q(x).view(B, T, self.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.c_k(x).view(B, T, self.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.c_v(x).view(B, T, self.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
+        if rope is None:
+            return q, k, v
+        return rope_forward(q, *rope), rope_forward(k, *rope), v
 
 
 class MLP(nn.Module):
@@ -155,8 +169,8 @@ class MLP(nn.Module):
         super().__init__()
         self.swiglu = config.mlp == "swiglu"
         self.dropout = config.dropout
-        # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units keep the size of
-        # GELU's 4 * n_embd, rounded up to a multiple of 64, a width matrix products run fast at.
+        # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units keep GELU's size
+        # (4 * n_embd), rounded up to a multiple of 64, a width matrix products run fast at.
         hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.c_gate = nn.Linear(config.n_embd, hidden, bias=config.bias) if self.swiglu else None
@@ -164,8 +178,12 @@ class MLP(nn.Module):
 
     def forward(self, x):
         h = self.c_fc(x)  # (B, T, hidden)
-        # SwiGLU: silu of the gate times the up projection. GELU: the tanh form, GPT-2's.
-        h = F.silu(self.c_gate(x)) * h if self.swiglu else F.gelu(h, approximate="tanh")
+        if self.swiglu:
+            # SwiGLU: the up projection, gated by silu of a second one.
+            h = F.silu(self.c_gate(x)) * h
+        else:
+            # GELU in its tanh form, as GPT-2 has it.
+            h = F.gelu(h, approximate="tanh")
         return F.dropout(self.c_proj(h), self.dropout, self.training)
 
 
@@ -178,7 +196,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, rope=None, cache=None):
-        # Pre-norm: the residual stream is never normalised, so gradients reach early layers whole.
+        # Pre-norm: the residual stream is never normalised, so gradients reach early
+        # layers whole.
         x = x + self.attn(self.ln_1(x), rope, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -187,13 +206,17 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        # GPT-2's names: wte, the token embedding; wpe, learned positions (None: rope); h, blocks.
+        # GPT-2's names: wte, the token embedding; wpe, learned positions (None:
+        # rope); h, blocks.
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = None if config.pos == "rope" else nn.Embedding(config.block_size, config.n_embd)
-        # A vector for each pair (token before, token), added to the embedding: what a bigram model
-        # knows, from the first step. 8192 rows hold every pair of 90 tokens; more share rows.
+        learned = config.pos == "learned"
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if learned else None
+        # A vector for each pair (token before, token), added to the embedding: what
+        # a bigram model knows, from the first step. 8192 rows hold every pair of 90
+        # tokens; more share rows.
         self.bigram = nn.Embedding(config.bigram, config.n_embd) if config.bigram else None
-        # The rotary tables (unused with learned positions), not saved: the config makes them again.
+        # The rotary tables (unused with learned positions), not saved: the config
+        # makes them again.
         for name, table in zip(("cos", "sin"), rope_tables(config)):
             self.register_buffer(name, table, persistent=False)
         self.h = nn.ModuleList(Block(config, layer_idx) for layer_idx in range(config.n_layer))
@@ -202,38 +225,56 @@ class GPT(nn.Module):
         if config.tie_weights:
             # One matrix reads tokens in and scores them out: fewer parameters, each row used twice.
             self.lm_head.weight = self.wte.weight
+        self.init_weights()
+
+    def init_weights(self):
+        """GPT-2's initialisation: normal, std 0.02, smaller for the outputs added to the stream."""
         for name, p in self.named_parameters():
             # Biases and the bigram table start at zero: the table adds nothing until it learns.
             if name.endswith("bias") or name.startswith("bigram"):
                 nn.init.zeros_(p)
-            elif p.dim() >= 2:
+            elif name.endswith("c_proj.weight"):
                 # Each block adds two outputs to the residual stream; scaling them by
                 # 1/sqrt(2 n_layer) keeps the stream's variance at init independent of depth.
-                residual = name.endswith("c_proj.weight")
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
+            elif p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
 
     def forward(self, idx, targets=None, cache=None):
-        """Logits (B, T, vocab_size) of int64 ids (B, T); the loss for targets (B, T), else None."""
-        T = idx.size(1)
+        """Logits (B, T, vocab_size) of integer ids (B, T), and the loss for targets (B, T)."""
         # With a cache, these positions follow those it holds, one at a time (see the attention).
         start = 0 if cache is None else cache.pos
-        if start + T > self.config.block_size or (start and T > 1):
-            raise ValueError(f"{start} cached + {T} tokens: at most block_size, one after a cache")
-        # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
-        rope = None if self.wpe else (self.cos[start:start + T], self.sin[start:start + T])
-        x = self.wte(idx) + (self.wpe.weight[start:start + T] if self.wpe else 0)  # (B, T, C)
-        if self.bigram:
-            # The token before each: the cache's last, or -1 before a window's first, which has none
-            # in view. A pair's row is its number modulo the rows: with -1, the table's last rows.
-            before = cache.last if start else F.pad(idx, (1, 0), value=-1)[:, :-1]  # (B, T)
-            x = x + self.bigram((before * self.config.vocab_size + idx) % self.config.bigram)
-        if cache is not None:
-            cache.last = idx[:, -1:]
+        if start and idx.size(1) > 1:
+            raise ValueError("after a cache, one token at a time")
+        x, rope = self.embed(idx, start, cache)
         for block in self.h:
             x = block(x, rope, cache)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
-        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        return logits, loss
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def embed(self, idx, start=0, cache=None):
+        """The first block's input (B, T, C) for ids idx (B, T) at positions from start, and rope's
+        (cos, sin) for those positions (None with learned positions)."""
+        T = idx.size(1)
+        x = self.wte(idx)  # (B, T, C)
+        # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
+        rope = None
+        if self.wpe is None:
+            rope = (self.cos[start:start + T], self.sin[start:start + T])
+        else:
+            x = x + self.wpe.weight[start:start + T]
+        if self.bigram is not None:
+            # The token before each: -1 before a window's first, which has none in view, or the
+            # last one a cache read. In int64, as a pair's number may pass 2 ** 31.
+            before = cache.last if start else F.pad(idx, (1, 0), value=-1)[:, :-1]  # (B, T)
+            pairs = before.long() * self.config.vocab_size + idx
+            # A pair's row is its number modulo the rows; -1's pairs take the table's last rows.
+            x = x + self.bigram(pairs % self.config.bigram)
+        if cache is not None:
+            cache.last = idx[:, -1:]
+        return x, rope
 
     def generate(self, idx, max_new_tokens, **sampling):
         """idx (B, T), then max_new_tokens drawn by stream(): (B, T + max_new_tokens)."""
@@ -243,50 +284,57 @@ class GPT(nn.Module):
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Yields each sampled token (B, 1) as it is drawn: temperature 0 is greedy, top_k and top_p
         filter, a seeded torch.Generator repeats a sample."""
-        # Only a tensor has a torch dtype. Counts by type(), as True is no count; floats for the
-        # rest. NaN fails every comparison.
-        verdicts = {
-            "idx": getattr(idx, "dtype", None) in (torch.int64, torch.int32) and idx.ndim == 2
-            and idx.numel() and 0 <= idx.min() <= idx.max() < self.config.vocab_size,
-            "max_new_tokens": type(max_new_tokens) is int and max_new_tokens >= 0,
-            "temperature": isinstance(temperature, (int, float)) and 0 <= temperature < math.inf,
-            "top_k": top_k is None or type(top_k) is int and top_k >= 1,
-            "top_p": top_p is None or isinstance(top_p, (int, float)) and 0 < top_p <= 1}
-        wrong = [name for name, ok in verdicts.items() if not ok]
-        if wrong:
-            raise ValueError(f"bad {wrong[0]}: idx (B, T) int64 in [0, vocab_size), max_new_tokens"
-                             " an int >= 0, temperature >= 0, top_k an int >= 1, top_p in (0, 1]")
+        # Float ids would be cut to integers, and 1-D ones read as a batch of one-token prompts.
+        if idx.is_floating_point() or idx.ndim != 2:
+            raise ValueError(f"idx must be integer ids (B, T), not {idx.dtype} {tuple(idx.shape)}")
+        # A negative temperature would turn the distribution upside down; NaN fails this too.
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be at least 0, not {temperature}")
         cache = KVCache(self.config)
-        # The tokens the model conditions on: the last block_size of the prompt and the samples, in
-        # int64 (a pair's number, token before x vocab_size + token, may not fit in int32).
-        context = idx[:, -self.config.block_size:].long()
+        # The tokens the model conditions on: the last block_size of the prompt and the samples.
+        context = idx[:, -self.config.block_size:]
         for _ in range(max_new_tokens):
-            # An empty cache reads the whole context; a filled one, the newest token alone. The last
-            # position predicts the next token; in float32, as bfloat16 ties close logits.
-            logits = self(context[:, -1:] if cache.pos else context, cache=cache)[0][:, -1].float()
-            # Less their max, the logits are at most 0: a tiny temperature sends them to -inf, not
-            # inf (below 1e-30, float32 would round the temperature to 0, and 0 / 0 is NaN).
-            logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
-            probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
-            # Temperature 0 is greedy: the likeliest token, the first of any tied, with no draw.
-            next_id = (torch.multinomial(probs, 1, generator=generator) if temperature
-                       else probs.argmax(dim=-1, keepdim=True))  # (B, 1)
+            # An empty cache reads the whole context; after that, the newest token alone.
+            new = context[:, -1:] if cache.pos else context
+            logits, _ = self(new, cache=cache)
+            # The last position predicts the next token.
+            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)  # (B, 1)
             yield next_id
             context = torch.cat([context, next_id], dim=1)[:, -self.config.block_size:]
             if cache.pos == self.config.block_size:
-                # Past block_size the context slides and cached keys sit at stale positions: the
-                # cache starts again, in the memory it has.
+                # Past block_size the context slides and cached keys sit at stale
+                # positions: the cache starts again, in the memory it has.
                 cache.pos = 0
+
+
+def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """A token (B, 1) for logits (B, vocab_size): the likeliest at temperature 0 (the first of any
+    tied, with no draw), else drawn from the softmax of logits / temperature, filtered."""
+    # In float32, as bfloat16 ties close logits. Less their max, the logits are at most 0: a tiny
+    # temperature sends them to -inf, not inf (below 1e-30, float32 would round it to 0: NaN).
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
+    probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
+    if temperature == 0:
+        return probs.argmax(dim=-1, keepdim=True)
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def filter_logits(logits, top_k=None, top_p=None):
     """-inf outside the top_k, then outside the nucleus: the likeliest tokens that reach top_p."""
     if top_k is not None:
+        # True would pass as top_k 1, quietly greedy.
+        if isinstance(top_k, bool) or top_k < 1:
+            raise ValueError(f"top_k must be an int of at least 1, not {top_k!r}")
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
-        # From the likeliest down, a token goes when those before it reach top_p; the first stays
-        # (float32 may round a tiny top_p to 0). Each verdict then goes back to its token's place.
+        # NaN would drop no token, quietly no filter at all.
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], not {top_p!r}")
+        # From the likeliest down, a token goes when those before it reach top_p; the
+        # first stays (float32 may round a tiny top_p to 0). Each verdict then goes
+        # back to its token's place.
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
         drop_sorted[..., 0] = False
@@ -296,14 +344,66 @@ def filter_logits(logits, top_k=None, top_p=None):
 
 def get_device(name=None):
     """The device name ("cuda:1", a torch.device), or for "" or None the best: CUDA, MPS, CPU."""
+    if name:
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
     fallback = "mps" if torch.backends.mps.is_available() else "cpu"
-    return torch.device(name or ("cuda" if torch.cuda.is_available() else fallback))
+    return torch.device(fallback)
 
 
 def autocast(device):
     """bf16 autocast on a GPU that has bf16; fp32 elsewhere (fp16 would need a gradient scaler)."""
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     return torch.autocast(device.type, torch.bfloat16, enabled=bf16)
+
+
+def matmul_dtype(device):
+    """bfloat16 where device multiplies it in hardware (CUDA; a CPU with AVX512-BF16 or AMX),
+    float32 elsewhere, where emulated bfloat16 products run several times slower."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    cpu = torch.cpu.get_capabilities() if device.type == "cpu" else {}
+    native = cpu.get("avx512_bf16", False) or cpu.get("amx_bf16", False)
+    return torch.bfloat16 if native else torch.float32
+
+
+def newton_schulz(G, steps=5):
+    """G (..., rows, cols) made nearly orthogonal, each matrix of a batch alike: its singular values
+    pushed to about 1 (0.7 to 1.2) by an odd polynomial, its singular vectors kept."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    X = G.to(matmul_dtype(G.device))
+    # Wide: the products then go through the smaller Gram matrix, X X^T.
+    tall = G.size(-2) > G.size(-1)
+    X = X.mT if tall else X
+    # Scaled to a norm of 1, so that every singular value starts at most 1.
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        # a X + b (X X^T) X + c (X X^T)^2 X: each singular value s becomes a s + b s^3 + c s^5.
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.mT if tall else X
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon, for 2-D weights: SGD with Nesterov's momentum, each update orthogonalised so that every
+    direction of a matrix moves alike, and decoupled weight decay (torch.optim.Muon's defaults)."""
+
+    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                buffer = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buffer.lerp_(p.grad, 1 - group["momentum"])
+                # Nesterov's look ahead: the gradient, moved toward the momentum.
+                update = newton_schulz(p.grad.lerp(buffer, group["momentum"]))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                # A tall matrix's orthogonal update is smaller per entry: sqrt(rows /
+                # cols) makes up.
+                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
 
 # A run's checkpoint in its out_dir.
@@ -323,12 +423,14 @@ def save_checkpoint(ckpt, path):
 def load_checkpoint(path, device=None):
     """The model in eval mode on device, its CharTokenizer (or None), the checkpoint: path's, or
     path itself, a checkpoint read already."""
-    # weights_only: a downloaded checkpoint cannot run code. To the CPU: torch.load maps no cpu:0.
-    ckpt = path if type(path) is dict else torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = path
+    if not isinstance(path, dict):
+        # weights_only: a downloaded checkpoint cannot run code. To the CPU, which always exists.
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     # A checkpoint from before the bigram table has none.
     model = GPT(GPTConfig(**{"bigram": 0, **ckpt["config"]}))
     model.load_state_dict(ckpt["model"])
-    tokenizer = None if ckpt.get("chars") is None else CharTokenizer(ckpt["chars"])
+    tokenizer = CharTokenizer(ckpt["chars"]) if ckpt.get("chars") else None
     return model.to(get_device(device)).eval(), tokenizer, ckpt
 
 
@@ -336,50 +438,59 @@ def load_checkpoint(path, device=None):
 class TrainConfig(GPTConfig):
     """The run's options and the model's; the defaults train for 3 to 5 minutes on 2 cores."""
     out_dir: str = option("out", help='Folder of ckpt.pt and report.html ("" writes none).')
-    max_iters: int = option(4000, 1, math.inf, help="Optimizer steps in all.")
-    max_time: float = option(0.0, 0, math.inf, help="Seconds to train instead (0: off).")
-    eval_interval: int = option(500, 1, math.inf, help="Evaluate and save every this many steps.")
-    eval_iters: int = option(50, 1, math.inf, help="Batches per split in an evaluation.")
-    batch_size: int = option(8, 1, math.inf, help="Sequences per micro-batch.")
-    grad_accum: int = option(1, 1, math.inf, help="Micro-batches per optimizer step.")
-    learning_rate: float = option(3e-3, 1e-9, 1, help="Peak learning rate (AdamW's).")
-    embedding_lr: float = option(0.03, 1e-9, 1, help="The token embedding's peak rate, if untied.")
-    min_lr: float = option(3e-4, 0, 1, help="Learning rate at the end, at most learning_rate.")
-    warmup_iters: int = option(20, 0, math.inf, help="Steps of linear warmup.")
-    weight_decay: float = option(0.0, 0, math.inf, help="Weight decay, on matrices only.")
-    beta2: float = option(0.99, 0, 1, help="AdamW's beta2: a shorter memory suits small batches.")
-    optimizer: str = option("muon", "muon", "adamw", help="Muon and AdamW, or AdamW alone.")
-    muon_lr: float = option(0.01, 1e-9, 1, help="Muon's peak learning rate, on the same schedule.")
-    muon_momentum: float = option(0.95, 0, 1, help="Muon's momentum (at 1, nothing would move).")
-    muon_momentum_start: float = option(0.85, 0, 1, help="It rises from this by 0.1 per 300 steps.")
-    grad_clip: float = option(1.0, 0, math.inf, help="Clip the gradient norm to this (0: off).")
-    seed: int = option(1337, 0, 2 ** 32, help="Seed of the initial weights, the batches, dropout.")
+    max_iters: int = option(4000, min=1, max=MANY, help="Optimizer steps in all.")
+    max_time: float = option(0.0, min=0, max=MANY, help="Seconds to train instead (0: off).")
+    eval_interval: int = option(500, min=1, max=MANY, help="Evaluate and save every this many.")
+    eval_iters: int = option(50, min=1, max=MANY, help="Batches per split in an evaluation.")
+    batch_size: int = option(8, min=1, max=MANY, help="Sequences per micro-batch.")
+    grad_accum: int = option(1, min=1, max=MANY, help="Micro-batches per optimizer step.")
+    learning_rate: float = option(3e-3, min=1e-9, max=1, help="Peak learning rate (AdamW's).")
+    embedding_lr: float = option(0.03, min=1e-9, max=1, help="The untied embedding's peak rate.")
+    min_lr: float = option(3e-4, min=0, max=1, help="Rate at the end, at most learning_rate.")
+    warmup_iters: int = option(20, min=0, max=MANY, help="Steps of linear warmup.")
+    weight_decay: float = option(0.0, min=0, max=MANY, help="Weight decay, on matrices only.")
+    beta2: float = option(0.99, min=0, max=0.9999, help="AdamW's beta2: short for small batches.")
+    optimizer: str = option("muon", choices=("muon", "adamw"), help="Muon and AdamW, or AdamW.")
+    muon_lr: float = option(0.01, min=1e-9, max=1, help="Muon's peak learning rate.")
+    muon_momentum: float = option(0.95, min=0, max=0.9999, help="Muon's momentum.")
+    muon_momentum_start: float = option(0.85, min=0, max=0.9999, help="It rises to muon_momentum.")
+    grad_clip: float = option(1.0, min=0, max=MANY, help="Clip the gradient norm to this (0: off).")
+    seed: int = option(1337, min=0, max=2 ** 32 - 1, help="Seed of the weights, batches, dropout.")
     device: str = option("", help='cpu, cuda, cuda:N or mps ("": the best available).')
 
+    def __post_init__(self):
+        super().__post_init__()
+        # A rising schedule is a slip: learning_rate=1e-4 alone is below the default min_lr.
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr must be at most learning_rate ({self.learning_rate})")
+
     def model_config(self, **changes):
+        """The GPTConfig of these options, with changes."""
         return GPTConfig(**({f.name: getattr(self, f.name) for f in fields(GPTConfig)} | changes))
 
 
 def configure_optimizers(model, tc, device_type="cpu"):
     """[AdamW], or with tc.optimizer "muon" [AdamW, Muon]: Muon for the blocks' matrices."""
-    # Muon moves all of a matrix's directions alike; tables of rows (wte, lm_head, bigram): AdamW.
+    # Muon moves all of a matrix's directions alike; tables of rows (wte, lm_head,
+    # bigram): AdamW.
     blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
     muon = blocks if tc.optimizer == "muon" else []
-    # A row of the embedding moves only when its token is read: it learns faster at a higher rate.
+    # A row of the embedding moves only when its token is read: it learns faster at a
+    # higher rate.
     embedding = [] if model.config.tie_weights else [model.wte.weight]
-    # Decay pulls matrices toward zero; on gains and biases it would only fight the norms. Muon's
-    # matrices are known by id, as == compares tensors by value.
+    # Decay pulls matrices toward zero; on gains and biases it would only fight the
+    # norms. Muon's matrices are known by id, as == compares tensors by value.
     apart = set(map(id, muon + embedding))
     matrices = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in apart]
     vectors = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": embedding, "lr": tc.embedding_lr, "weight_decay": tc.weight_decay},
-              {"params": matrices, "weight_decay": tc.weight_decay}, {"params": vectors}]
+              {"params": matrices, "weight_decay": tc.weight_decay},
+              {"params": vectors}]
     # fused: one kernel for all the tensors, on CPU and CUDA.
     optimizers = [torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(0.9, tc.beta2),
                                     weight_decay=0.0, fused=device_type in ("cuda", "cpu"))]
     if muon:
-        optimizers.append(torch.optim.Muon(muon, lr=tc.muon_lr, weight_decay=tc.weight_decay,
-                                           momentum=tc.muon_momentum))
+        optimizers.append(Muon(muon, tc.muon_lr, tc.muon_momentum, tc.weight_decay))
     return optimizers
 
 
@@ -389,8 +500,9 @@ def lr_at(tc, it, elapsed):
     if it < tc.warmup_iters:
         return tc.learning_rate * (it + 1) / tc.warmup_iters
     done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
-    # Held high, the rate learns fast; cooled, the weights settle (it beat a cosine at equal time).
-    return tc.min_lr + min(1.0, max(0.0, (1 - done) / 0.6)) * (tc.learning_rate - tc.min_lr)
+    # Held high, the rate learns fast; cooled at the end, the weights settle.
+    cooldown = min(1.0, max(0.0, (1 - done) / 0.6))
+    return tc.min_lr + cooldown * (tc.learning_rate - tc.min_lr)
 
 
 def train_step(model, optimizers, batches, grad_clip=0.0, amp=torch.autocast("cpu", enabled=False)):
@@ -416,21 +528,61 @@ def split(data):
     return {"train": data[:n], "val": data[n:]}
 
 
+# The most tokens an evaluation reads of a split: at the end of a run, the whole
+# held-out split up to this many, in a time that does not grow with the corpus.
+MAX_EVAL_TOKENS = 2_000_000
+
+
 @torch.no_grad()
 def split_loss(model, data, batch_size):
     """The mean loss of model (in eval mode) over data, every id after the first predicted once, in
     windows of its context back to back, batch_size a forward: the same for the same weights."""
     T = model.config.block_size
+    device = model.lm_head.weight.device
     total = 0.0
     for i in range(0, len(data) - 1, batch_size * T):
         # Read by index, as batch() reads: a copy of these ids (a memmap's slice is read-only).
         pos = torch.arange(i, min(i + batch_size * T + 1, len(data)))
-        xy = torch.as_tensor(data[pos]).long().to(model.lm_head.weight.device)
-        # The last window is padded: causal attention hides the padding from the tokens before it,
-        # and cross_entropy leaves out targets -100.
-        x, y = (F.pad(t, (0, -len(t) % T), value=-100).view(-1, T) for t in (xy[:-1], xy[1:]))
-        total += model(x.clamp(min=0), y)[1].item() * (y >= 0).sum().item()
+        ids = torch.as_tensor(data[pos]).long().to(device)
+        # The last window is padded to T: causal attention hides the padding from the
+        # tokens before it, and cross_entropy leaves out targets of -100.
+        pad = -(len(ids) - 1) % T
+        x = F.pad(ids[:-1], (0, pad)).view(-1, T)  # (windows, T)
+        y = F.pad(ids[1:], (0, pad), value=-100).view(-1, T)  # (windows, T)
+        total += model(x, y)[1].item() * (y >= 0).sum().item()
     return total / (len(data) - 1)
+
+
+INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32,
+            torch.int64, torch.uint64)
+
+
+def token_ids(data, tc, vocab_size):
+    """data as 1-D integer ids (a list becomes a tensor; a tensor, an array, a memmap stay as they
+    are), or a ValueError where training on it would go wrong."""
+    ids = data
+    if not hasattr(data, "__array__"):
+        ids = torch.tensor(data)
+    # Float ids would be cut to integers, and the rows of 2-D ones read as one sequence. An empty
+    # selection (a copy, of no id) tells the type.
+    if ids.ndim != 1 or torch.as_tensor(ids[[]]).dtype not in INTEGERS:
+        raise ValueError(f"data must be a text or 1-D integer ids, not {ids.dtype} {ids.shape}")
+    # Over 10 x block_size ids, the held-out 10% holds a window and the id after it.
+    if len(ids) <= 10 * tc.block_size:
+        raise ValueError(f"data has {len(ids)} tokens: more than 10 * block_size are needed")
+    # An id past the vocabulary would fail at the first step, after the set-up.
+    if int(ids.max()) >= vocab_size:
+        raise ValueError(f"data has id {int(ids.max())}, past the vocabulary ({vocab_size})")
+    return ids
+
+
+def claim(out_dir, owner=False):
+    """Makes out_dir for a run, refused with a ValueError where another run's checkpoint is, or
+    train.py's lock (owner: the caller holds the lock and checked the checkpoint, as train.py does)."""
+    os.makedirs(out_dir, exist_ok=True)
+    taken = sorted({CHECKPOINT, "train.lock"} & set(os.listdir(out_dir)))
+    if taken and not owner:
+        raise ValueError(f"{out_dir} has another run's {taken[0]}: pass another out_dir")
 
 
 class Trainer:
@@ -439,37 +591,22 @@ class Trainer:
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print, owner=False):
         if isinstance(data, str):
-            tokenizer = tokenizer or CharTokenizer(data)
+            if tokenizer is None:
+                tokenizer = CharTokenizer(data)
             data = tokenizer.encode(data)
-        try:
-            # A tensor, an array or a memmap stays, read batch by batch; a list becomes a tensor.
-            ids = data if hasattr(data, "__array__") else torch.tensor(data)
-            # iinfo refuses a type not of integers, a bool's too; an empty selection reads no id.
-            integers = torch.iinfo(torch.as_tensor(ids[[]]).dtype).bits and ids.ndim == 1
-        except (TypeError, ValueError, RuntimeError, IndexError, AttributeError):
-            integers = False
-        # Over 10 x block_size ids, the held-out 10% holds a window of block_size and the next id.
-        if not integers or len(ids) <= 10 * tc.block_size:
-            raise ValueError("data must be a text or 1-D integer ids, over 10 * block_size tokens")
-        self.splits = split(ids)
+        vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
+        self.splits = split(token_ids(data, tc, vocab_size))
         if tc.out_dir:
-            # An out_dir that cannot take a checkpoint fails here, an OSError naming it, not at the
-            # first save: the folder is made and takes a file with no name (on Linux), no one's.
-            os.makedirs(tc.out_dir, exist_ok=True)
-            tempfile.TemporaryFile(dir=tc.out_dir).close()
-            # Never over another run's checkpoint, nor into a folder train.py's lock keeps (owner:
-            # the caller holds the lock and has checked the checkpoint there, as train.py does).
-            taken = sorted({CHECKPOINT, "train.lock"} & set(os.listdir(tc.out_dir)))
-            if taken and not owner:
-                raise ValueError(f"{tc.out_dir} has another run's {taken[0]}: pass another out_dir")
+            claim(tc.out_dir, owner)
         self.tc = tc
         self.log = log
         self.device = get_device(tc.device)
         self.tokenizer = tokenizer
         # The seed sets the initial weights and, in training, dropout's masks.
         torch.manual_seed(tc.seed)
-        vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
-        self.model = (model or GPT(tc.model_config(vocab_size=vocab_size))).to(self.device)
+        if model is None:
+            model = GPT(tc.model_config(vocab_size=vocab_size))
+        self.model = model.to(self.device)
         self.optimizers = configure_optimizers(self.model, tc, self.device.type)
         # The batches come from a generator of their own, which a resumed run restores.
         self.generator = torch.Generator().manual_seed(tc.seed)
@@ -497,6 +634,22 @@ class Trainer:
         tc = self.tc
         return self.elapsed >= tc.max_time if tc.max_time else self.it >= tc.max_iters
 
+    def set_schedule(self):
+        """Sets each group's rate for this step, and Muon's momentum."""
+        tc = self.tc
+        self.lr = lr_at(tc, self.it, self.elapsed)
+        # Muon's momentum rises by 0.1 per 300 steps: a shorter memory while the
+        # weights move fast.
+        momentum = min(tc.muon_momentum, tc.muon_momentum_start + self.it / 3000)
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                # One schedule, each group from its own peak: learning_rate,
+                # embedding_lr, muon_lr.
+                peak = group.setdefault("initial_lr", group["lr"])
+                group["lr"] = peak * self.lr / tc.learning_rate
+                if "momentum" in group:
+                    group["momentum"] = momentum
+
     def steps(self):
         """Trains, yielding after each step to the caller, who may log, check or stop; evaluates
         and saves every eval_interval steps and at the end."""
@@ -504,19 +657,10 @@ class Trainer:
         # The clock goes on from where a resumed run stood.
         t0 = time.time() - self.elapsed
         while not self.done():
-            self.lr = lr_at(tc, self.it, self.elapsed)
-            # One schedule for all, each group from its peak: learning_rate, embedding_lr, muon_lr.
-            for group in [g for optimizer in self.optimizers for g in optimizer.param_groups]:
-                peak = group.setdefault("initial_lr", group["lr"])
-                group["lr"] = peak * self.lr / tc.learning_rate
-                if "momentum" in group:
-                    # Muon's momentum rises to muon_momentum by 0.1 per 300 steps: a shorter memory
-                    # while the weights move fast.
-                    start = tc.muon_momentum_start
-                    group["momentum"] = min(tc.muon_momentum, start + self.it / 3000)
+            self.set_schedule()
             batches = [self.batch("train") for _ in range(tc.grad_accum)]
-            model = self.wrapped_model
-            self.loss = train_step(model, self.optimizers, batches, tc.grad_clip, self.amp)
+            self.loss = train_step(self.wrapped_model, self.optimizers, batches, tc.grad_clip,
+                                   self.amp)
             self.it += 1
             # Wall time, the evaluations' included: max_time is what a clock on the wall says.
             self.elapsed = time.time() - t0
@@ -527,13 +671,17 @@ class Trainer:
 
     def evaluate(self, whole=False):
         """The loss of each split's first eval_iters batches of windows, logged and kept in history;
-        with whole (at the end of a run), the val loss is of every held-out token."""
+        with whole (at a run's end), the val loss of the held-out split, up to MAX_EVAL_TOKENS."""
+        tc = self.tc
+        # The same windows every time, so that the curve shows the model, not the draw.
+        n = min(tc.eval_iters * tc.batch_size * tc.block_size + 1, MAX_EVAL_TOKENS)
+        val = MAX_EVAL_TOKENS if whole else n
+        read = {"train": n, "val": val}
         self.model.eval()
-        # The same windows at every evaluation, so that the curve shows the model, not the draw.
-        n = self.tc.eval_iters * self.tc.batch_size * self.tc.block_size
+        losses = {}
         with self.amp:
-            losses = {name: split_loss(self.model, ids if whole and name == "val" else ids[:n + 1],
-                                       self.tc.batch_size) for name, ids in self.splits.items()}
+            for name, ids in self.splits.items():
+                losses[name] = split_loss(self.model, ids[:read[name]], tc.batch_size)
         self.model.train()
         self.history.append(dict(iter=self.it, seconds=self.elapsed, lr=self.lr, **losses))
         self.log(f"iter {self.it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
@@ -544,10 +692,11 @@ class Trainer:
             return
         if not all(p.isfinite().all() for p in self.model.parameters()):
             raise ValueError(f"NaN or inf weights at iteration {self.it}: lower learning_rate")
-        ckpt = dict(model=self.model.state_dict(), config=asdict(self.model.config), iter=self.it,
-                    train_config=asdict(self.tc), chars=getattr(self.tokenizer, "chars", None),
-                    tokenizer=getattr(self.tokenizer, "name", None), elapsed=self.elapsed,
-                    history=self.history, optimizers=[o.state_dict() for o in self.optimizers],
+        ckpt = dict(model=self.model.state_dict(), config=asdict(self.model.config),
+                    train_config=asdict(self.tc), iter=self.it, elapsed=self.elapsed,
+                    chars=getattr(self.tokenizer, "chars", None),
+                    tokenizer=getattr(self.tokenizer, "name", None), history=self.history,
+                    optimizers=[o.state_dict() for o in self.optimizers],
                     rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()})
         save_checkpoint(ckpt, os.path.join(self.tc.out_dir, CHECKPOINT))
 
