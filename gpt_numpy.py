@@ -402,8 +402,8 @@ def attention_forward(q, k, v, n_head, rope=None):
 #   y = att v:              datt = dy v^T,   dv = att^T dy
 #   att = softmax(scores):  dscores = softmax_backward(datt)
 #   the mask:               the scores above the diagonal were set to -inf, a constant, so no
-#                           gradient may pass there; att is 0 there, and softmax_backward's
-#                           p * (...) gives 0 there on its own
+#                           gradient may pass there; att is 0 there, and softmax_backward
+#                           gives 0 where its output is 0, on its own
 #   scores = q k^T scale:   dq = dscores (k^T)^T scale = dscores k scale, and d(k^T) = q^T dscores
 #                           scale, so dk = (d(k^T))^T = dscores^T q scale
 #   rope turned q and k:    turn their gradients back with rope_backward

@@ -795,6 +795,53 @@ WRONG_ANSWERS = {
 }
 
 
+def code_lines(text):
+    """text's lines, each without its comment and with no whitespace at all; the short ones left out."""
+    lines = ("".join(line.split("#")[0].split()) for line in text.splitlines())
+    return [line for line in lines if len(line) >= 8]
+
+
+def comment_lines(text):
+    """text's comment lines, whitespace normalised, the short ones left out."""
+    lines = (" ".join(line.split()) for line in text.splitlines() if line.strip().startswith("#"))
+    return [line for line in lines if len(line) >= 12]
+
+
+def leaked(source, copy, functions):
+    """The lines of functions' bodies and derivations in source that copy, an exercise's file, holds more often
+    than source does elsewhere."""
+    answer = "".join(workbook.derivation(source, f) + workbook.blanked(source, f)[1] for f in functions)
+    found = []
+    for split in (code_lines, comment_lines):
+        for line in set(split(answer)):
+            if split(copy).count(line) > split(source).count(line) - split(answer).count(line):
+                found.append(line)
+    return found
+
+
+def test_the_exercise_file_holds_no_line_of_the_blanked_body_nor_its_derivation(monkeypatch):
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    writes = [ex for ex in workbook.exercises() if "check" in ex]
+    for ex in writes:
+        functions = [ex["function"], *ex.get("with", [])]
+        copy = workbook.blanked(source, ex["function"], ex.get("with", []), "{name}: yours")[0]
+        assert not leaked(source, copy, functions), (ex["function"], leaked(source, copy, functions))
+    # The final formulas of the derivations are among what must go.
+    assert "# dx = rstd (g - xhat mean(g xhat))" in comment_lines(workbook.derivation(source, "rmsnorm_backward"))
+    # LayerNorm's finished backward beside RMSNorm's would give the method away: both are blanked.
+    pairs = {ex["function"]: set(ex.get("with", [])) for ex in writes}
+    assert pairs["rmsnorm_backward"] == {"layernorm_backward"} and pairs["layernorm_backward"] == {"rmsnorm_backward"}
+    assert pairs["gelu_backward"] == {"swiglu_backward"} and pairs["swiglu_backward"] == {"gelu_backward"}
+    # A blanking that keeps the derivation above the body, or a body's own line, is caught.
+    kept = workbook.blanked(source, "rmsnorm_backward", ["layernorm_backward"])[0]
+    monkeypatch.setattr(workbook, "above", lambda lines, node: node.lineno - 1)
+    with_derivation = workbook.blanked(source, "rmsnorm_backward", ["layernorm_backward"])[0]
+    monkeypatch.undo()
+    assert "# dx = rstd (g - xhat mean(g xhat))" in leaked(source, with_derivation, ["rmsnorm_backward"])
+    line = "    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))  # (B, T, C)\n"
+    assert leaked(source, kept.replace("def rope_tables", line + "def rope_tables"), ["rmsnorm_backward"])
+
+
 def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_answer_passes(tmp_path):
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
     twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
@@ -803,15 +850,21 @@ def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_an
     for number, ex in writes:
         path, made = workbook.start_exercise(number, twin)
         assert made and path == str(tmp_path / f"exercise_{number}.py")
-        blank = Path(path).read_text(encoding="utf-8")
-        hole = re.search(r"\n( *raise NotImplementedError\(.*\)\n)", blank).group(1)
+        blank = on_disk = Path(path).read_text(encoding="utf-8")
+        hole = re.search(rf'\n( *raise NotImplementedError\("{re.escape(ex["function"])}: .*\)\n)', blank).group(1)
         body = workbook.blanked(source, ex["function"])[1]
-        # The body alone is gone: the comments above it, the hint, stay.
-        assert blank.replace(hole, body) == source and body.strip() not in blank
+        # The body and the derivation above it are gone, and so are those of a function that would give the
+        # method away; nothing else.
+        functions = [ex["function"], *ex.get("with", [])]
+        assert not leaked(source, blank, functions), (number, leaked(source, blank, functions))
+        assert len(blank.splitlines()) < len(source.splitlines()) and "--hint" in blank
+        for other in ex.get("with", []):
+            other_hole = f'raise NotImplementedError("{other}: its body is yours to write")\n'
+            blank = blank.replace(" " * 4 + other_hole, workbook.blanked(source, other)[1])
         # Unwritten, it raises: each of its rows says where, in one line, and the others still run.
         lines = []
         assert not workbook.check(twin=imported(path), only=ex["check"], log=lines.append)
-        line = blank[:blank.index(hole)].count("\n") + 1
+        line = on_disk[:on_disk.index(hole)].count("\n") + 1
         raised = [row for row in lines[1:-1] if row[61:].startswith("ERROR")]
         assert raised and all(f"NotImplementedError: {ex['function']}: its body is yours to write (in "
                               f"{ex['function'].split('.')[-1]}, exercise_{number}.py:{line})" in row
@@ -844,12 +897,12 @@ def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir
     listed = run_cli(*commands[0], cwd=twin_dir).stdout
     # 18 to break a line, then 11 to write a body.
     kinds = ["check" in ex for ex in workbook.exercises()]
-    assert listed.count("\n") == len(kinds) == 29 and kinds == [False] * 18 + [True] * 11
-    assert "\n24. softmax_backward: write softmax's backward\n" in listed
+    assert re.findall(r"^ ?\d+\. ", listed, re.M) == [f"{n:2d}. " for n in range(1, 30)] and len(kinds) == 29
+    assert kinds == [False] * 18 + [True] * 11 and "\n24. write the body of softmax_backward\n" in listed
     started = run_cli(*commands[1], cwd=twin_dir)
     assert started.returncode == 0 and "python exercise_24.py --check softmax" in started.stdout, started
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
-    assert (twin_dir / "exercise_24.py").read_text(encoding="utf-8") == workbook.blanked(source, "softmax_backward")[0]
+    assert (twin_dir / "exercise_24.py").read_text(encoding="utf-8") == workbook.exercise_source(source, 24)
     graded = run_cli(*commands[2], cwd=twin_dir)
     assert graded.returncode == 1 and "Traceback" not in graded.stderr, graded.stderr
     assert re.search(r"softmax: dx +ERROR  NotImplementedError: .* \(in softmax_backward, exercise_24.py:\d+\)\n",
@@ -871,7 +924,7 @@ def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir
 def test_the_workbook_from_the_command_line(capsys):
     workbook.main(["--exercise", "list"])
     listed = capsys.readouterr().out
-    assert listed.count("\n") == len(workbook.exercises()) and "layernorm_backward" in listed
+    assert len(re.findall(r"^ ?\d+\. ", listed, re.M)) == len(workbook.exercises()) and "layernorm_backward" in listed
     workbook.main(["--exercise", "5"])
     question = capsys.readouterr().out
     assert "Predict" in question and "Why" not in question and "gpt2 (WRONG)" not in question
@@ -883,6 +936,77 @@ def test_the_workbook_from_the_command_line(capsys):
             workbook.main(args)
         message = exit_info.value.code if isinstance(exit_info.value.code, str) else capsys.readouterr().err
         assert says in message and exit_info.value.code != 0, message
+
+
+def answers(ex):
+    """Every line a listing or a hint must not print of an exercise: a write exercise's body and derivation
+    (its paired function's too), a break exercise's title (its slip), its change and its answer's texts."""
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    if "check" not in ex:
+        return [" ".join(ex[field].split()) for field in ("title", "change", "to", "why")]
+    functions = [ex["function"], *ex.get("with", [])]
+    text = "".join(workbook.derivation(source, f) + workbook.blanked(source, f)[1] for f in functions)
+    return code_lines(text)
+
+
+def test_the_list_names_each_exercise_and_prints_nothing_of_an_answer(capsys, monkeypatch):
+    workbook.main(["--exercise", "list"])
+    listed = capsys.readouterr().out
+    flat = " ".join(listed.split())
+    bare = "".join(listed.split())
+    for number, ex in enumerate(workbook.exercises(), 1):
+        assert f"{number:2d}. " in listed and ex["function"] in listed
+        for line in answers(ex):
+            assert line not in (flat if "check" not in ex else bare), (number, line)
+        for hint in ex.get("hints", []):
+            assert " ".join(hint.split()) not in flat, number
+    # A listing that prints each exercise's title, as one did, names a slip: caught.
+    monkeypatch.setattr(workbook, "listing", lambda: "\n".join(
+        f"{n}. {ex['function']}: {ex['title']}" for n, ex in enumerate(workbook.exercises(), 1)))
+    workbook.main(["--exercise", "list"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert any(line in flat for ex in workbook.exercises() if "check" not in ex for line in answers(ex))
+
+
+def test_no_hint_holds_a_line_of_its_answer():
+    for number, ex in enumerate(workbook.exercises(), 1):
+        if "check" not in ex:
+            continue
+        assert len(ex["hints"]) >= 3, number
+        # The shapes first, then the rule, then a sketch in words.
+        assert [h.split(":")[0] for h in ex["hints"][:3]] == ["Shapes", "The rule" + "s" * ex["hints"][1].startswith(
+            "The rules"), "Sketch in words"], number
+        for hint in ex["hints"]:
+            bare = "".join(hint.split())
+            assert not [line for line in answers(ex) if line in bare], (number, hint)
+    # A hint that gives a line of the body is caught.
+    ex = next(ex for ex in workbook.exercises() if ex["function"] == "softmax_backward" and "check" in ex)
+    slip = "Sketch: return p * (dout - (dout * p).sum(-1, keepdims=True)), {}"
+    assert [line for line in answers(ex) if line in "".join(slip.split())]
+
+
+def test_hints_come_one_more_each_time_they_are_asked(twin_dir):
+    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+    hints = workbook.exercises()[25]["hints"]
+    assert run_cli("gpt_numpy.py", "--exercise", "26", cwd=twin_dir).returncode == 0
+    said = [run_cli(*args, cwd=twin_dir) for args in (("gpt_numpy.py", "--exercise", "26", "--hint"),
+                                                      ("exercise_26.py", "--hint"),
+                                                      ("gpt_numpy.py", "--exercise", "26", "--hint"),
+                                                      ("exercise_26.py", "--hint"))]
+    for asked, done in enumerate(said, 1):
+        flat = " ".join(done.stdout.split())
+        assert done.returncode == 0 and f"hint {min(asked, len(hints))} of {len(hints)}" in flat, done
+        shown = [" ".join(h.split()) in flat for h in hints]
+        assert shown == [i < asked for i in range(len(hints))], (asked, flat)
+    assert "No more hints" in said[-1].stdout and "--answer" in said[-1].stdout
+    # --hint K: the first K, and the count starts from there.
+    one = run_cli("exercise_26.py", "--hint", "1", cwd=twin_dir).stdout
+    assert " ".join(hints[0].split()) in " ".join(one.split()) and "hint 1 of" in one
+    assert "hint 2 of" in run_cli("exercise_26.py", "--hint", cwd=twin_dir).stdout
+    # A break exercise has none, and --hint alone in the lesson names no exercise.
+    assert_one_line(run_cli("gpt_numpy.py", "--exercise", "3", "--hint", cwd=twin_dir), "has no hints")
+    done = run_cli("gpt_numpy.py", "--hint", cwd=twin_dir)
+    assert done.returncode == 2 and "--hint goes with --exercise N" in done.stderr
 
 
 @pytest.fixture

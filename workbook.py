@@ -680,7 +680,7 @@ def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None, models=True):
 # The fields of an exercise that breaks a line of a backward, and of one that writes a body.
 EXERCISE_FIELDS = {"title": str, "function": str, "change": str, "to": str, "rows": dict,
                    "models": dict, "why": str}
-WRITE_FIELDS = {"title": str, "function": str, "check": str}
+WRITE_FIELDS = {"title": str, "function": str, "check": str, "hints": list}
 
 
 def exercises():
@@ -719,6 +719,8 @@ def exercises():
         for number, ex in enumerate(found, 1):
             try:
                 function_node(tree, ex["function"])
+                for name in ex.get("with", []):
+                    function_node(tree, name)
             except ValueError as e:
                 problem = f'exercise {number}\'s "function": {e}'
                 break
@@ -749,6 +751,12 @@ def workbook_problem(found):
                 return f'exercise {number}\'s "{field}" is {held}, not {kinds[kind]}'
         if "check" in ex and ex["check"] not in CHECKS:
             return f'exercise {number}\'s "check" is {ex["check"]!r}, not a name --check takes'
+        if "check" in ex and not (len(ex["hints"]) >= 3
+                                  and all(isinstance(h, str) and h for h in ex["hints"])):
+            return f'exercise {number}\'s "hints" is not a list of 3 or more texts'
+        if not (isinstance(ex.get("with", []), list)
+                and all(isinstance(name, str) for name in ex.get("with", []))):
+            return f'exercise {number}\'s "with" is not a list of functions'
         for field in ("rows", "models") if "check" not in ex else ():
             for name, verdict in ex[field].items():
                 if verdict not in ("WRONG", "ERROR"):
@@ -774,21 +782,125 @@ def function_node(tree, function):
     return node
 
 
-def blanked(source, function):
-    """(source with function's body gone, the body): the docstring and the comments above the
-    function stay, as the hint; the body becomes a raise that says it is the learner's to write."""
+def above(lines, node):
+    """The index of the first line of the comments right above node's def: its derivation."""
+    start = node.lineno - 1
+    while start > 0 and lines[start - 1].strip().startswith("#"):
+        start -= 1
+    return start
+
+
+def blanked(source, function, also=(), note=None):
+    """(source with function's body gone, the body). The body becomes a raise that says it is the
+    learner's to write; the docstring stays, as the contract. The comments above each blanked
+    function, its derivation, which ends in the body's formula, go too: note, when given, takes
+    their place ({name} in it, the function's). also: functions blanked the same way, whose
+    finished bodies would give the method away (RMSNorm's beside LayerNorm's)."""
+    body = None
+    for name in (function, *also):
+        node = function_node(ast.parse(source), name)
+        lines = source.splitlines(keepends=True)
+        has_docstring = ast.get_docstring(node) is not None
+        first = node.body[1 if has_docstring else 0]
+        start = first.lineno - 1
+        # The comments at the top of the body are the body's.
+        while start > node.lineno and lines[start - 1].strip().startswith("#"):
+            start -= 1
+        hole = (f'{" " * first.col_offset}raise NotImplementedError("{name}: its body is yours to '
+                f'write")\n')
+        indent = " " * node.col_offset
+        said = [f"{indent}# {line}\n" for line in
+                textwrap.wrap(note.format(name=name), 98 - len(indent))] if note else []
+        if name == function:
+            body = "".join(lines[start:node.end_lineno])
+        top = node.lineno - 1
+        source = "".join(lines[:above(lines, node)] + said + lines[top:start] + [hole]
+                         + lines[node.end_lineno:])
+    return source, body
+
+
+def derivation(source, function):
+    """The comments right above function in source: the derivation its body follows."""
     node = function_node(ast.parse(source), function)
     lines = source.splitlines(keepends=True)
-    has_docstring = ast.get_docstring(node) is not None
-    first = node.body[1 if has_docstring else 0]
-    start = first.lineno - 1
-    # The comments at the top of the body are the body's.
-    while start > node.lineno and lines[start - 1].strip().startswith("#"):
-        start -= 1
-    hole = (f'{" " * first.col_offset}raise NotImplementedError("{function}: its body is yours to '
-            f'write")\n')
-    return "".join(lines[:start] + [hole] + lines[node.end_lineno:]), "".join(
-        lines[start:node.end_lineno])
+    return "".join(lines[above(lines, node):node.lineno - 1])
+
+
+def blanked_too(ex):
+    """The functions an exercise blanks beside its own, each a write exercise's function."""
+    return list(ex.get("with", []))
+
+
+def check_of(function):
+    """The --check NAME that grades function, from the workbook's write exercises."""
+    return next(ex["check"] for ex in exercises() if ex["function"] == function and "check" in ex)
+
+
+def hints_of(number):
+    """Exercise number's hints, first the gradients' shapes, then the rule, then a sketch; a
+    ValueError of one line for an exercise that breaks a line, which has none."""
+    ex = exercises()[number - 1]
+    if "check" not in ex:
+        raise ValueError(f"exercise {number} breaks a line and asks what turns: it has no hints, "
+                         f"only its answer (--exercise {number} --answer)")
+    return ex["hints"]
+
+
+def hint_text(number, upto, lesson="python gpt_numpy.py"):
+    """Hints 1 to upto of exercise number, the last one new, and what comes next."""
+    hints = hints_of(number)
+    shown_hints = "\n".join(textwrap.fill(f"{i}. {hint}", 96, subsequent_indent="   ")
+                             for i, hint in enumerate(hints[:upto], 1))
+    after = (f"The next: {lesson} --exercise {number} --hint" if upto < len(hints) else
+             f"No more hints: the derivation and the body are {lesson} --exercise {number} --answer")
+    return f"Exercise {number}, hint {upto} of {len(hints)}:\n{shown_hints}\n{after}"
+
+
+def next_hint(number, twin=gpt_numpy, upto=None):
+    """The text of exercise number's hints with one more than the last time (or, with upto, up to
+    that one), the count kept in exercise_N.hint beside the learner's copy (or where it would be
+    made)."""
+    hints = hints_of(number)
+    folders = list(dict.fromkeys([os.path.dirname(os.path.abspath(gpt_numpy.__file__)),
+                                  os.path.dirname(os.path.abspath(twin.__file__)), os.getcwd()]))
+    folder = next((f for f in folders if os.path.lexists(os.path.join(f, copy_name(number)))),
+                  next((f for f in folders if writable(f)), folders[0]))
+    path = os.path.join(folder, f"exercise_{number}.hint")
+    if upto is None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                given = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            given = 0
+        upto = min(max(given, 0) + 1, len(hints))
+    if not 1 <= upto <= len(hints):
+        raise ValueError(f"exercise {number} has hints 1 to {len(hints)}, not {upto}")
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"{upto}\n")
+    except OSError as e:
+        raise ValueError(f"cannot keep the count of hints in {path} ({e.strerror}): ask for one "
+                         f"by its number, --hint K") from None
+    return hint_text(number, upto, f"python {shown(gpt_numpy.__file__)}")
+
+
+def listing():
+    """--exercise list: each exercise's number, kind and function, and nothing of any answer (a
+    break exercise's title names its slip, the line of the reference it changes)."""
+    found = exercises()
+    lines = []
+    for number, ex in enumerate(found, 1):
+        functions = [ex["function"], *blanked_too(ex)]
+        kind = ("break a line of" if "check" not in ex else
+                "write the body of" if len(functions) == 1 else "write the bodies of")
+        functions = " and ".join(functions)
+        lines.append(f"{number:2d}. {kind} {functions}")
+    writes = [n for n, ex in enumerate(found, 1) if "check" in ex]
+    lines.append(textwrap.fill(f"Each break exercise shows a line of its function's body: write that "
+                               f"body first ({writes[0]} to {writes[-1]}) to find it yourself. "
+                               f"--exercise N starts one; --exercise N --hint gives a write "
+                               f"exercise's hints, one more each time.", 96))
+    return "\n".join(lines)
 
 
 def copy_name(number):
@@ -803,20 +915,35 @@ def exercise_text(number, answer=False, path=None):
         raise ValueError(f"there are exercises 1 to {len(found)}")
     ex = found[number - 1]
     lesson = f"python {shown(gpt_numpy.__file__)}"
+    functions = [ex["function"], *blanked_too(ex)]
     if "check" in ex and not answer:
         path = path or copy_name(number)
+        both = ""
+        if len(functions) > 1:
+            both = (f" So is the body of {' and '.join(functions[1:])}, whose finished body would "
+                    f"give the method away: write both.")
         steps = (f"{lesson} --exercise {number} made {shown(path)}, a copy of gpt_numpy.py in which "
-                 f"the body of {ex['function']} is gone: the comments above it say what to "
-                 f"compute. Write the body, then grade it (again as often as you like):")
+                 f"the body of {ex['function']} is gone, and the derivation above it.{both} "
+                 f"Write the body from the rules and the forward, then grade it (again as often as "
+                 f"you like):")
+        commands = "\n".join(f"    {grading_command(path, check_of(function))}"
+                             for function in functions)
         return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n{textwrap.fill(steps, 96)}\n"
-                f"    {grading_command(path, ex['check'])}\nEvery row ok: it is right. "
+                f"{commands}\nEvery row ok: it is right. "
                 f"A WRONG row says how far off, an ERROR row the line where it raised.\n"
+                f"Stuck: {lesson} --exercise {number} --hint, one hint more each time "
+                f"(the shapes, the rule, a sketch).\n"
                 f"The answer: {lesson} --exercise {number} --answer")
     if "check" in ex:
         with open(gpt_numpy.__file__, encoding="utf-8") as f:
-            body = blanked(f.read(), ex["function"])[1]
-        body = textwrap.indent(textwrap.dedent(body), "    ")
-        return f"Exercise {number}: {ex['title']}\nThe body of {ex['function']}:\n{body}".rstrip()
+            source = f.read()
+        said = []
+        for function in functions:
+            body = blanked(source, function)[1]
+            worked = textwrap.indent(textwrap.dedent(derivation(source, function)), "    ")
+            body = textwrap.indent(textwrap.dedent(body), "    ")
+            said.append(f"The derivation and the body of {function}:\n{worked}{body}".rstrip())
+        return f"Exercise {number}: {ex['title']}\n" + "\n".join(said)
     if not answer:
         question = ("Predict, before you run it: which layer rows of python gpt_numpy.py --check "
                     "turn WRONG (or ERROR), which of the two models, gpt2 and llama, get rows "
@@ -837,6 +964,16 @@ def exercise_text(number, answer=False, path=None):
             f"Models with rows that turn: {models}.\n{why}")
 
 
+def exercise_source(source, number):
+    """The learner's copy of source (gpt_numpy.py) for write exercise number: its functions' bodies
+    and derivations gone, a note where each derivation was."""
+    ex = exercises()[number - 1]
+    note = (f"{{name}}: its body is yours to write, from the rules and the forward. Hints, one more "
+            f"each time: python gpt_numpy.py --exercise {number} --hint; its derivation and its "
+            f"body: --exercise {number} --answer")
+    return blanked(source, ex["function"], blanked_too(ex), note)[0]
+
+
 def writable(folder):
     return os.access(folder, os.W_OK)
 
@@ -851,7 +988,7 @@ def start_exercise(number, twin=gpt_numpy):
         if os.path.lexists(os.path.join(folder, copy_name(number))):
             return os.path.join(folder, copy_name(number)), False
     with open(twin.__file__, encoding="utf-8") as f:
-        source = blanked(f.read(), ex["function"])[0]
+        source = exercise_source(f.read(), number)
     reasons = []
     for folder in folders:
         path = os.path.join(folder, copy_name(number))
@@ -953,12 +1090,31 @@ def main(argv=None, twin=gpt_numpy):
                              "break one and predict the rows of --check that turn), or list "
                              "them: --exercise list")
     parser.add_argument("--answer", action="store_true", help="with --exercise N: its answer")
+    parser.add_argument("--hint", nargs="?", type=int, const=0, metavar="K",
+                        help="with --exercise N (or run in your copy, exercise_N.py): a write "
+                             "exercise's hints, one more each time; with K, the first K")
     parser.add_argument("--train", action="store_true",
                         help="instead: train the check's model a few seconds with this file's "
                              "backward beside the reference's, the same seed and batches")
     args = parser.parse_args(argv)
     if args.answer and args.exercise in (None, "list"):
         parser.error("--answer goes with --exercise N")
+    if args.hint is not None:
+        if args.answer or args.train or args.check is not None or args.exercise == "list" or (
+                args.path is not None or args.seconds is not None):
+            parser.error("--hint goes with --exercise N alone, or in your copy, exercise_N.py")
+        mine = learners_function(twin)
+        if args.exercise is None and mine is None:
+            parser.error("--hint goes with --exercise N, or in your copy, exercise_N.py")
+        number = args.exercise or os.path.basename(twin.__file__)[len("exercise_"):-len(".py")]
+        try:
+            if not (number.isdigit() and 1 <= int(number) <= len(exercises())):
+                raise ValueError(f"--exercise takes a number from 1 to {len(exercises())}; "
+                                 f"not {number!r}")
+            print(next_hint(int(number), twin, args.hint or None))
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        return
     given = [mode for mode, on in (("--check", args.check is not None),
                                    ("--exercise", args.exercise is not None),
                                    ("--train", args.train)) if on]
@@ -984,8 +1140,7 @@ def main(argv=None, twin=gpt_numpy):
         except ValueError as e:
             sys.exit(f"error: {e}")
         if args.exercise == "list":
-            for number, ex in enumerate(found, 1):
-                print(f"{number:2d}. {ex['function']}: {ex['title']}")
+            print(listing())
             return
         try:
             number = int(args.exercise)
