@@ -77,33 +77,31 @@ FIELDS = {f.name: f for f in dataclasses.fields(gpt.TrainConfig)}
 
 
 def choices(name):
-    """The values the option name may take, when it names one of them; else ()."""
-    rule = FIELDS[name].metadata.get("rule", ())
-    return rule if type(FIELDS[name].default) is str else ()
+    """The values the option name may take, when it names them; else ()."""
+    return FIELDS[name].metadata.get("choices") or ()
 
 
 def option_rule(name):
-    """argparse's keywords for the TrainConfig option name, from its field: its type, and gpt.py's
-    own check of its rule (or its choices), and its help. --help shows the default after the help,
+    """argparse's keywords for the TrainConfig option name, from its field: a type that reads the
+    text and checks it by gpt.check_option, and its help. --help shows the default after the help,
     which the caller adds."""
     f = FIELDS[name]
     kind = type(f.default)
-    rule = dict(help=f.metadata.get("help", ""))
     if kind is bool:
-        return {**rule, **FLAG}
-    if choices(name):
-        return {**rule, "choices": choices(name)}
+        return dict(help=f.metadata["help"], **FLAG)
 
     def parse(text):
         # A ValueError of kind(text) becomes argparse's own "invalid int value".
         value = kind(text)
         try:
-            gpt.check_option(f, value)
+            return gpt.check_option(f, value)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-        return value
     parse.__name__ = kind.__name__
-    return {**rule, "type": parse}
+    rule = dict(help=f.metadata["help"], type=parse)
+    if choices(name):
+        rule["metavar"] = "{" + ",".join(choices(name)) + "}"
+    return rule
 
 
 def parse_option(name, text):
@@ -111,17 +109,11 @@ def parse_option(name, text):
     argparse.ArgumentTypeError says what is wrong."""
     if name not in FIELDS:
         raise argparse.ArgumentTypeError(f"no option {name}: see python train.py --help")
-    rule = option_rule(name)
-    if "choices" in rule:
-        if text not in rule["choices"]:
-            raise argparse.ArgumentTypeError(f"{name} must be one of {', '.join(rule['choices'])}, "
-                                             f"got {text}")
-        return text
     try:
-        return rule["type"](text)
+        return option_rule(name)["type"](text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{name} must be {type(FIELDS[name].default).__name__}, "
-                                         f"got {text}")
+        kind = type(FIELDS[name].default).__name__
+        raise argparse.ArgumentTypeError(f"{name} must be {kind}, got {text}") from None
 
 
 # ---------------------------------------------------------------------------------------------- output
