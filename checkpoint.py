@@ -439,6 +439,18 @@ def not_a_folder(path):
     return f"{path} is there, and not a folder"
 
 
+def write_failure(error):
+    """The OSError behind a failed write, or None: error itself, or the one torch's writer met (a
+    full disk, a file-size limit), which the RuntimeError it raises keeps as its context."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def remove_partial(out_dir):
     """Takes away the temporary file of a save that failed or was cut short (gpt.save_checkpoint
     leaves it): the checkpoint beside it is whole. Called while the lock is held."""

@@ -49,7 +49,7 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--top_k", "2.5"], "argument --top_k: invalid int value"),
     (["--num_samples", "0"], "argument --num_samples: must be at least 1"),
     (["--max_new_tokens", "-5"], "argument --max_new_tokens: must be at least 1"),
-    (["--seed", str(2 ** 63)], "argument --seed: seed must be in [0, 4294967295], not 9223372036854775808"),  # train.py's rule
+    (["--seed", str(2 ** 63)], "argument --seed: seed must be in [0, 4294967295], not 9223372036854775808"),
     (["--start", "\u00e9"], "characters not in the vocabulary: '\u00e9'"),
     (["--start", ""], "--start is empty: give it a character or more"),
     (["--start", "FILE:/no/such/file"], "cannot read the prompt file /no/such/file (No such file"),

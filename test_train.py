@@ -248,6 +248,61 @@ def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint(tmp_path, capsys
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == before
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs a file-size limit (ulimit -f)")
+def test_a_save_past_a_file_size_limit_is_one_line_and_leaves_the_last_checkpoint(tmp_path):
+    import resource
+    flags = tiny_flags(tmp_path, max_iters=2, eval_interval=1)
+    train.main(flags)
+    path = tmp_path / "out" / "ckpt.pt"
+    before = path.read_bytes()
+    limit = len(before) // 2  # ulimit -f: the next save stops halfway; SIGXFSZ must not kill the run
+
+    # Python ignores SIGXFSZ, which would kill the process: the write fails with EFBIG, inside torch's writer.
+    done = run_cli("train.py", *flags, "--resume", "--max_iters", "3",
+                   preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert re.fullmatch(r"error: cannot write .*ckpt\.pt \(File too large\); any file there is as it was\n",
+                        done.stderr), done.stderr
+    assert path.read_bytes() == before and not (tmp_path / "out" / "ckpt.pt.tmp").exists()
+
+
+def test_a_save_that_fails_inside_torchs_writer_is_one_line_with_its_cause(tmp_path, capsys, monkeypatch):
+    # torch.save raises a RuntimeError ("[enforce fail at inline_container.cc]") whose context is the OSError.
+    flags = tiny_flags(tmp_path, max_iters=4, eval_interval=2)
+    real_save, saves = torch.save, []
+
+    def fails_the_second_time(obj, f, *args, **kwargs):
+        saves.append(1)
+        if len(saves) == 2:
+            try:
+                raise OSError(errno.EFBIG, "File too large")
+            except OSError:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", fails_the_second_time)
+    message = one_line_error(capsys, train, *flags)
+    assert re.search(r"cannot write .*ckpt.pt \(File too large\); any file there is as it was$", message), message
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
+
+
+def test_a_save_that_fails_after_a_signal_is_one_line(tmp_path, capsys, monkeypatch):
+    flags = tiny_flags(tmp_path)
+    real_save = gpt.Trainer.save
+    put_back = signal_at(monkeypatch, 6)  # during the evaluation after step 4: cut short, then saved
+
+    def full_after_the_start(self):
+        if self.it:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(self)
+
+    monkeypatch.setattr(gpt.Trainer, "save", full_after_the_start)
+    message = one_line_error(capsys, train, *flags)
+    put_back()
+    assert re.search(r"cannot write .*ckpt.pt \(No space left on device\); any file there is as it was$", message)
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
+
+
 def test_a_failed_save_is_one_line_and_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path, capsys,
                                                                                          monkeypatch):
     flags = tiny_flags(tmp_path, max_iters=4, eval_interval=2)

@@ -275,19 +275,27 @@ def cut_short(trainer, stopped, twice, log):
     if twice:
         log(f"{stopped}, a second signal: stopped at once; the last checkpoint is as it was")
         return stopped.signum
-    trainer.save()
+    try:
+        trainer.save()
+    except (OSError, RuntimeError) as e:
+        raise failure(e, trainer) from None
     log(f"{stopped}: the evaluation was cut short; saved iteration {trainer.it} to "
         f"{checkpoint.path_in(trainer.tc.out_dir)}; continue with --resume, which runs it first")
     return stopped.signum
 
 
-def failure(error, trainer, rank, world):
-    """An OSError while training, a failed save (a full disk above all), in one line that names the
-    file; or, under torchrun, a collective's RuntimeError as another process stopped. Else error."""
-    if isinstance(error, OSError):
-        return OSError(error.errno, f"cannot write {checkpoint.path_in(trainer.tc.out_dir)} "
-                                    f"({error.strerror}); any file there is as it was")
-    return distributed.lost_peer(error, trainer, rank, world) or error
+def failure(error, trainer, rank=0, world=1):
+    """A failed save (a full disk, a file-size limit, a folder that turned read-only), in one line
+    that names the file and the cause; or, under torchrun, a collective's RuntimeError as another
+    process stopped. Else error."""
+    lost = distributed.lost_peer(error, trainer, rank, world)
+    if lost:
+        return lost
+    cause = checkpoint.write_failure(error)
+    if cause is None:
+        return error
+    return OSError(cause.errno, f"cannot write {checkpoint.path_in(trainer.tc.out_dir)} "
+                                f"({cause.strerror}); any file there is as it was")
 
 
 def close(trainer, ended, stop, tokens_per_step, world, log):
