@@ -91,8 +91,8 @@ def make_norm(config):
 def rope_tables(config):
     """cos and sin of every position's angles, (block_size, head size) each."""
     hs = config.n_embd // config.n_head
-    # Pair (j, j+hs/2) turns by pos * 10000^(-2j/hs): fast pairs part near positions,
-    # slow ones far.
+    # Pair (j, j+hs/2) turns by pos * 10000^(-2j/hs): fast pairs part near
+    # positions, slow ones far.
     inv_freq = 10000.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
     angles = torch.outer(torch.arange(config.block_size).double(), inv_freq).repeat(1, 2)
     return angles.cos().float(), angles.sin().float()
@@ -143,10 +143,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.heads(x, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
-        # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow
-        # with the head size. is_causal gives later keys weight 0, by a mask aligned
-        # top left (query i sees keys 0 to i): the one query after a cache, the last
-        # position, goes without it and sees all.
+        # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not
+        # grow with the head size. is_causal gives later keys weight 0, by a mask
+        # aligned top left (query i sees keys 0 to i): the one query after a cache,
+        # the last position, goes without it and sees all.
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
         y = y.transpose(1, 2).flatten(2)  # (B, T, nh * hs): the heads side by side again
@@ -196,8 +196,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, rope=None, cache=None):
-        # Pre-norm: the residual stream is never normalised, so gradients reach early
-        # layers whole.
+        # Pre-norm: the residual stream is never normalised, so gradients reach
+        # early layers whole.
         x = x + self.attn(self.ln_1(x), rope, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -211,9 +211,9 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         learned = config.pos == "learned"
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if learned else None
-        # A vector for each pair (token before, token), added to the embedding: what
-        # a bigram model knows, from the first step. 8192 rows hold every pair of 90
-        # tokens; more share rows.
+        # A vector for each pair (token before, token), added to the embedding:
+        # what a bigram model knows, from the first step. 8192 rows hold every pair
+        # of 90 tokens; more share rows.
         self.bigram = nn.Embedding(config.bigram, config.n_embd) if config.bigram else None
         # The rotary tables (unused with learned positions), not saved: the config
         # makes them again.
@@ -223,7 +223,8 @@ class GPT(nn.Module):
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
-            # One matrix reads tokens in and scores them out: fewer parameters, each row used twice.
+            # One matrix reads tokens in and scores them out: fewer parameters,
+            # each row used twice.
             self.lm_head.weight = self.wte.weight
         self.init_weights()
 
@@ -259,15 +260,16 @@ class GPT(nn.Module):
         (cos, sin) for those positions (None with learned positions)."""
         T = idx.size(1)
         x = self.wte(idx)  # (B, T, C)
-        # Positions: GPT-2 adds a learned vector to each token; rope turns q and k in every layer.
+        # Positions: GPT-2 adds a learned vector to each token; rope turns q and k
+        # in every layer.
         rope = None
         if self.wpe is None:
             rope = (self.cos[start:start + T], self.sin[start:start + T])
         else:
             x = x + self.wpe.weight[start:start + T]
         if self.bigram is not None:
-            # The token before each: -1 before a window's first, which has none in view, or the
-            # last one a cache read. In int64, as a pair's number may pass 2 ** 31.
+            # The token before each: -1 before a window's first, which has none in view,
+            # or the last one a cache read. In int64, as a pair's number may pass 2 ** 31.
             before = cache.last if start else F.pad(idx, (1, 0), value=-1)[:, :-1]  # (B, T)
             pairs = before.long() * self.config.vocab_size + idx
             # A pair's row is its number modulo the rows; -1's pairs take the table's last rows.
@@ -332,9 +334,9 @@ def filter_logits(logits, top_k=None, top_p=None):
         # NaN would drop no token, quietly no filter at all.
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], not {top_p!r}")
-        # From the likeliest down, a token goes when those before it reach top_p; the
-        # first stays (float32 may round a tiny top_p to 0). Each verdict then goes
-        # back to its token's place.
+        # From the likeliest down, a token goes when those before it reach top_p;
+        # the first stays (float32 may round a tiny top_p to 0). Each verdict then
+        # goes back to its token's place.
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
         drop_sorted[..., 0] = False
@@ -401,8 +403,8 @@ class Muon(torch.optim.Optimizer):
                 # Nesterov's look ahead: the gradient, moved toward the momentum.
                 update = newton_schulz(p.grad.lerp(buffer, group["momentum"]))
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                # A tall matrix's orthogonal update is smaller per entry: sqrt(rows /
-                # cols) makes up.
+                # A tall matrix's orthogonal update is smaller per entry: sqrt(rows
+                # / cols) makes up.
                 p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
 
@@ -475,8 +477,8 @@ def configure_optimizers(model, tc, device_type="cpu"):
     # bigram): AdamW.
     blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
     muon = blocks if tc.optimizer == "muon" else []
-    # A row of the embedding moves only when its token is read: it learns faster at a
-    # higher rate.
+    # A row of the embedding moves only when its token is read: it learns faster at
+    # a higher rate.
     embedding = [] if model.config.tie_weights else [model.wte.weight]
     # Decay pulls matrices toward zero; on gains and biases it would only fight the
     # norms. Muon's matrices are known by id, as == compares tensors by value.
@@ -544,8 +546,8 @@ def split_loss(model, data, batch_size):
         # Read by index, as batch() reads: a copy of these ids (a memmap's slice is read-only).
         pos = torch.arange(i, min(i + batch_size * T + 1, len(data)))
         ids = torch.as_tensor(data[pos]).long().to(device)
-        # The last window is padded to T: causal attention hides the padding from the
-        # tokens before it, and cross_entropy leaves out targets of -100.
+        # The last window is padded to T: causal attention hides the padding from
+        # the tokens before it, and cross_entropy leaves out targets of -100.
         pad = -(len(ids) - 1) % T
         x = F.pad(ids[:-1], (0, pad)).view(-1, T)  # (windows, T)
         y = F.pad(ids[1:], (0, pad), value=-100).view(-1, T)  # (windows, T)
@@ -563,8 +565,8 @@ def token_ids(data, tc, vocab_size):
     ids = data
     if not hasattr(data, "__array__"):
         ids = torch.tensor(data)
-    # Float ids would be cut to integers, and the rows of 2-D ones read as one sequence. An empty
-    # selection (a copy, of no id) tells the type.
+    # Float ids would be cut to integers, and the rows of 2-D ones read as one
+    # sequence. An empty selection (a copy, of no id) tells the type.
     if ids.ndim != 1 or torch.as_tensor(ids[[]]).dtype not in INTEGERS:
         raise ValueError(f"data must be a text or 1-D integer ids, not {ids.dtype} {ids.shape}")
     # Over 10 x block_size ids, the held-out 10% holds a window and the id after it.
@@ -577,8 +579,8 @@ def token_ids(data, tc, vocab_size):
 
 
 def claim(out_dir, owner=False):
-    """Makes out_dir for a run, refused with a ValueError where another run's checkpoint is, or
-    train.py's lock (owner: the caller holds the lock and checked the checkpoint, as train.py does)."""
+    """Makes out_dir for a run; a ValueError where another run's checkpoint or train.py's lock is
+    (owner: the caller holds the lock and has checked the checkpoint, as train.py does)."""
     os.makedirs(out_dir, exist_ok=True)
     taken = sorted({CHECKPOINT, "train.lock"} & set(os.listdir(out_dir)))
     if taken and not owner:
