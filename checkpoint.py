@@ -18,6 +18,7 @@ import re
 import torch
 
 import cli
+import data
 import gpt
 import gpt2
 
@@ -250,6 +251,51 @@ def recorded_config(ckpt, path, config, device, advice):
     block_size = options.get("block_size", gpt.TrainConfig.block_size)
     model = model_options(block_size, config, {}, "--report", print)
     return gpt.TrainConfig(**{**options, **model, "out_dir": "", "device": str(device)})
+
+
+# ---------------------------------------------------------------------------------------------- the data
+def data_as_recorded(ckpt, data_file, path, advice):
+    """data_file (a data.DataFile) read as the run of the checkpoint at path read its data: a .bin
+    given without --dtype in the ids' type the checkpoint records. The file the run trained on (its
+    size and fingerprint) read otherwise is refused in one line that ends with advice."""
+    recorded = ckpt.get("data")
+    if recorded is None or not isinstance(data_file, data.DataFile):
+        return data_file
+    kinds = ("text", *data.ID_DTYPES)
+    if not (isinstance(recorded, dict) and recorded.get("read_as") in kinds):
+        raise ValueError(f"{path} records its data as {recorded!r}: it is damaged or hand-made; {advice}")
+    was = recorded["read_as"]
+    if data.is_ids(data_file) and data_file.dtype is None and was in data.ID_DTYPES:
+        data_file = dataclasses.replace(data_file, dtype=was)
+    now = (data_file.dtype or "uint16") if data.is_ids(data_file) else "text"
+    if now != was and same_file(data_file.path, recorded):
+        shown = {"text": "a text"}
+        raise ValueError(f"{data_file.path} is the file {path} was trained on, read then as "
+                         f"{shown.get(was, was + ' ids')} and now as {shown.get(now, now + ' ids')}: "
+                         + ("leave out --dtype" if was in data.ID_DTYPES else "give it under its own name"))
+    return data_file
+
+
+def same_file(file, recorded):
+    """Whether the file at file is the one recorded (data.describe): the same size and fingerprint."""
+    try:
+        return (os.path.getsize(file) == recorded.get("bytes")
+                and data.fingerprint(file) == recorded.get("fingerprint"))
+    except OSError:
+        return False
+
+
+def record_data(trainer, record):
+    """Makes every checkpoint trainer writes record what its data was (record, data.describe's), beside
+    what gpt.Trainer.save writes: its own keys, through gpt.save_checkpoint."""
+    def save():
+        write = gpt.save_checkpoint
+        gpt.save_checkpoint = lambda ckpt, file: write({**ckpt, "data": record}, file)
+        try:
+            gpt.Trainer.save(trainer)
+        finally:
+            gpt.save_checkpoint = write
+    trainer.save = save
 
 
 # ---------------------------------------------------------------------------------------------- resuming

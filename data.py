@@ -2,6 +2,7 @@
 of token ids (nanoGPT's train.bin), each checked where it arrives so that bad data is refused in one
 line before anything is built."""
 import codecs
+import hashlib
 import os
 import stat
 import sys
@@ -13,7 +14,7 @@ import gpt
 
 # The largest vocabulary a run may build, the last gpt.GPTConfig's rule of vocab_size takes: an id
 # of 2**32 - 1 would otherwise ask for an embedding of billions of rows.
-MAX_VOCAB = next(f for f in fields(gpt.GPTConfig) if f.name == "vocab_size").metadata["rule"][1] - 1
+MAX_VOCAB = next(f for f in fields(gpt.GPTConfig) if f.name == "vocab_size").metadata["max"]
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -161,6 +162,29 @@ class DataFile:
     # None: not given, uint16 for a file of ids; given with a text, it is refused, never dropped.
     dtype: str = None
 
+
+
+# The bytes a file's fingerprint reads at each end: cheap at any size.
+FINGERPRINT_BYTES = 1 << 20
+
+
+def describe(data):
+    """What a run's data is, for its checkpoint: how it is read ("text", or its ids' type) and, of a
+    file, its size and a fingerprint of its first and last MB: enough to know the same file again."""
+    if not isinstance(data, DataFile):
+        return {"read_as": "text" if isinstance(data, str) else str(np.asarray(data[:0]).dtype)}
+    read_as = (data.dtype or "uint16") if is_ids(data) else "text"
+    return {"read_as": read_as, "bytes": os.path.getsize(data.path), "fingerprint": fingerprint(data.path)}
+
+
+def fingerprint(path):
+    """A hash of the first and last FINGERPRINT_BYTES of the file at path, and of its size."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(FINGERPRINT_BYTES)
+        f.seek(max(0, size - FINGERPRINT_BYTES))
+        tail = f.read(FINGERPRINT_BYTES)
+    return hashlib.blake2b(str(size).encode() + head + tail, digest_size=16).hexdigest()
 
 
 def read_data(data, tokenizer=None, advice=RESUME_ADVICE):

@@ -115,8 +115,8 @@ def write_report(model, tokenizer, ckpt, path, args, device):
         raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     if not data.is_ids(data.DataFile(args.data)):
         checkpoint.needs_tokenizer(tokenizer, path, ": give --data its .bin of token ids")
-    ids, tokenizer = data.read_data(data.DataFile(args.data, args.dtype), tokenizer,
-                                    advice="give --data the text it was trained on")
+    data_file = checkpoint.data_as_recorded(ckpt, data.DataFile(args.data, args.dtype), path, advice)
+    ids, tokenizer = data.read_data(data_file, tokenizer, advice="give --data the text it was trained on")
     data.check_fits(ids, tc.vocab_size, tc.block_size)
     figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)
     try:

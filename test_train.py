@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import checkpoint
+import data
 import gpt
 import muon
 import report
@@ -93,6 +94,58 @@ def test_a_resume_keeps_the_checkpoints_tokenizer_whatever_its_data(tmp_path, ca
                 "--max_iters", "4", "--device", "cpu"])
     ckpt = torch.load(tmp_path / "own" / "ckpt.pt", weights_only=True)
     assert ckpt["iter"] == 4 and ckpt["tokenizer"] == "bytes"
+
+
+def test_resume_and_report_read_a_bin_as_the_run_read_it_and_refuse_another_type_for_the_same_file(tmp_path,
+                                                                                                   capsys):
+    ids = tmp_path / "ids.bin"
+    np.tile(np.arange(40, dtype=np.int32), 200).tofile(ids)  # read as uint16, every other id would be a 0
+    flags = ["--data", str(ids), "--dtype", "int32", "--out_dir", str(tmp_path / "out"), "--device", "cpu",
+             "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1", "--block_size", "16", "--n_layer", "1",
+             "--n_embd", "16", "--n_head", "2", "--batch_size", "2"]
+    train.main(flags)
+    recorded = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["data"]
+    assert recorded["read_as"] == "int32" and recorded["bytes"] == 32000 and recorded["fingerprint"]
+    trainer, _ = train.run(gpt.TrainConfig(out_dir=str(tmp_path / "out"), device="cpu"), data.DataFile(str(ids)),
+                           quiet, resume=True, given=dict(max_iters=4))  # no --dtype: the checkpoint's
+    assert trainer.splits["train"].dtype == np.int32 and trainer.it == 4
+    without_dtype = [f for f in flags if f not in ("--dtype", "int32")]
+    message = one_line_error(capsys, train, *without_dtype, "--resume", "--max_iters", "6", "--dtype", "uint16")
+    assert message.endswith("ids.bin is the file " + str(tmp_path / "out" / "ckpt.pt") + " was trained on, read then "
+                            "as int32 ids and now as uint16 ids: leave out --dtype"), message
+    capsys.readouterr()
+    sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(ids)])
+    assert "wrote" in capsys.readouterr().out
+    message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"), "--data", str(ids),
+                             "--dtype", "uint8")
+    assert "read then as int32 ids and now as uint8 ids: leave out --dtype" in message, message
+    # Another file is other data: --dtype reads it as given.
+    np.tile(np.arange(40, dtype=np.uint16), 400).tofile(tmp_path / "other.bin")
+    train.main([*without_dtype, "--data", str(tmp_path / "other.bin"), "--dtype", "uint16", "--resume",
+                "--max_iters", "6"])
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["data"]["read_as"] == "uint16"
+
+
+def test_the_rule_tying_min_lr_to_learning_rate_holds_the_options_the_run_really_uses(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=2, eval_interval=2, learning_rate=2e-3, min_lr=1e-5)
+    train.main(flags)
+    # Resumed at a rate below the default min_lr (3e-4), above the run's own: it trains.
+    train.main([*tiny_flags(tmp_path), "--resume", "--max_iters", "4", "--learning_rate", "1e-4"])
+    recorded = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["train_config"]
+    assert (recorded["learning_rate"], recorded["min_lr"]) == (1e-4, 1e-5)
+    # Below the run's own min_lr: refused, by the options the run would use.
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path), "--resume", "--max_iters", "6", "--learning_rate",
+                             "1e-6")
+    assert message.endswith("min_lr must be at most learning_rate (1e-06)"), message
+    # A model option given on --resume is kept from the checkpoint, so no rule ties it to the defaults' others.
+    train.main([*tiny_flags(tmp_path), "--resume", "--max_iters", "6", "--n_head", "3"])
+    # --init_from's constant rate: a --learning_rate below its default min_lr is the rate throughout.
+    tc = train.first_config({}, dict(learning_rate=1e-5, n_head=5), init_from="gpt2")
+    assert (tc.learning_rate, tc.min_lr, tc.optimizer) == (1e-5, 1e-5, "adamw")
+    assert train.first_config({}, dict(learning_rate=1e-2), init_from="gpt2").min_lr == 1e-2
+    assert train.first_config({}, dict(min_lr=1e-6), init_from="gpt2").learning_rate == 3e-5
+    with pytest.raises(ValueError, match=r"min_lr must be at most learning_rate \(0.0001\)"):
+        train.first_config({}, dict(learning_rate=1e-4))  # a new run: the defaults are what it uses
 
 
 # ---------------------------------------------------------------------------------------------------- signals

@@ -96,6 +96,22 @@ def parse_args(argv=None):
     return args, given
 
 
+def first_config(defaults, given, resume=False, init_from=None):
+    """The TrainConfig a run starts from, before set_up resolves the one it trains with. A resumed
+    run trains with its checkpoint's options and those given, which set_up checks together (the
+    rules that tie two options too): here it takes only its folder and device. --init_from keeps
+    GPT-2's model options, and its constant rate: min_lr follows a --learning_rate given alone."""
+    if resume:
+        return gpt.TrainConfig(**defaults, **{k: given[k] for k in ("out_dir", "device") if k in given})
+    if not init_from:
+        return gpt.TrainConfig(**{**defaults, **given})
+    options = {**defaults, **INIT_FROM_DEFAULTS}
+    if "learning_rate" in given:
+        options["min_lr"] = given["learning_rate"]
+    kept = [name for name in given if name not in checkpoint.MODEL_OPTIONS]
+    return gpt.TrainConfig(**{**options, **{name: given[name] for name in kept}})
+
+
 # ---------------------------------------------------------------------------------------------- set-up
 def set_up(tc, device, data_file, given, resume, init_from, rank, log):
     """The Trainer this process trains with: new, resumed, or from GPT-2's weights. The config is
@@ -115,6 +131,8 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
     # The run keeps its checkpoint's tokenizer, whatever its data: a text needs one that is here.
     if resume and not data.is_ids(data_file):
         checkpoint.needs_tokenizer(tokenizer, path, ": resume it on the same ids, --data FILE.bin")
+    if resume:
+        data_file = checkpoint.data_as_recorded(ckpt, data_file, path, "train without --resume")
     ids, tokenizer = data.read_data(data_file, tokenizer)
     # The vocabulary: the model's; a text's tokenizer's, which makes a --vocab_size given ignored, as
     # the model options are on --resume; else --vocab_size, or the largest id + 1.
@@ -134,6 +152,8 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
     trainer = gpt.Trainer(tc, ids, tokenizer, model and model.train(), log, owner=True)
     # Muon's products batched by the matrices' shapes: the same update, a faster step.
     trainer.optimizers = muon.batched(trainer.optimizers)
+    # What the data was, so that a resume or a report reads it as this run did.
+    checkpoint.record_data(trainer, data.describe(data_file))
     if resume:
         checkpoint.resume(trainer, ckpt, path)
         distributed.reseed(trainer, rank)
@@ -362,9 +382,7 @@ def main(argv=None):
         rank, _, world = ranks
         device_type = cli.usable_device(given.get("device", "")).type
         defaults = CUDA_DEFAULTS if device_type == "cuda" else {}
-        if args.init_from:
-            defaults = {**defaults, **INIT_FROM_DEFAULTS}
-        tc = gpt.TrainConfig(**{**defaults, **given})
+        tc = first_config(defaults, given, args.resume, args.init_from)
         data_file = data.DataFile(args.data, args.dtype)
         joining = True
         _, stopped = run(tc, data_file, cli.printer, args.resume, args.log_interval, args.compile,
