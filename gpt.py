@@ -286,7 +286,7 @@ class GPT(nn.Module):
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Yields each sampled token (B, 1) as it is drawn: temperature 0 is greedy, top_k and top_p
         filter, a seeded torch.Generator repeats a sample."""
-        # Float ids would be cut to integers, and 1-D ones read as a batch of one-token prompts.
+        # Float ids would be cut to integers quietly; ids not (B, T) would fail deep in the model.
         if idx.is_floating_point() or idx.ndim != 2:
             raise ValueError(f"idx must be integer ids (B, T), not {idx.dtype} {tuple(idx.shape)}")
         # A negative temperature would turn the distribution upside down; NaN fails this too.
