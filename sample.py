@@ -27,6 +27,10 @@ AT_LEAST_1 = cli.number(int, lambda n: n >= 1, "at least 1")
 TEMPERATURE = cli.number(float, lambda t: 0 <= t < math.inf, "a finite number of at least 0")
 
 
+# What a sample is drawn with where its flag is not given.
+SAMPLING = dict(num_samples=2, max_new_tokens=500, temperature=0.8, seed=cli.FIELDS["seed"].default)
+
+
 def parse_args(argv=None):
     parser = cli.Parser(description="Sample text from out_dir/ckpt.pt (or GPT-2), printed as it is "
                                     "drawn; or write its report page.")
@@ -38,22 +42,24 @@ def parse_args(argv=None):
     parser.add_argument("--start", default=None,
                         help="prompt text, or FILE:path to read it from a file (default: a newline, "
                              "else the text's first character)")
-    parser.add_argument("--num_samples", type=AT_LEAST_1, default=2,
-                        help="samples to draw (default: %(default)s)")
-    parser.add_argument("--max_new_tokens", type=AT_LEAST_1, default=500,
-                        help="tokens per sample: characters, for a character model (default: %(default)s)")
+    parser.add_argument("--num_samples", type=AT_LEAST_1,
+                        help=f"samples to draw (default: {SAMPLING['num_samples']})")
+    parser.add_argument("--max_new_tokens", type=AT_LEAST_1,
+                        help=f"tokens per sample: characters, for a character model (default: "
+                             f"{SAMPLING['max_new_tokens']})")
     # The sampling arguments' limits are gpt.GPT.stream's, which refuses what they do not take.
-    parser.add_argument("--temperature", type=TEMPERATURE, default=0.8,
-                        help="below 1 is safer, above 1 wilder, 0 always takes the likeliest (default: %(default)s)")
+    parser.add_argument("--temperature", type=TEMPERATURE,
+                        help=f"below 1 is safer, above 1 wilder, 0 always takes the likeliest (default: "
+                             f"{SAMPLING['temperature']})")
     parser.add_argument("--top_k", type=int, default=None,
                         help="sample only from the k likeliest (default: all)")
     parser.add_argument("--top_p", type=float, default=None,
                         help="sample only from the likeliest whose probability reaches p (default: all)")
     # The seed and the device take what training's do.
-    for name in ("seed", "device"):
-        rule = cli.option_rule(name)
-        parser.add_argument(f"--{name}", default=cli.FIELDS[name].default,
-                            **{**rule, "help": f"{rule['help']} (default: %(default)r)"})
+    rule = cli.option_rule("seed")
+    parser.add_argument("--seed", **{**rule, "help": f"{rule['help']} (default: {SAMPLING['seed']})"})
+    rule = cli.option_rule("device")
+    parser.add_argument("--device", default="", **{**rule, "help": f"{rule['help']} (default: '')"})
     parser.add_argument("--report", action="store_true",
                         help="instead: write out_dir/report.html from the checkpoint and --data")
     parser.add_argument("--data",
@@ -61,7 +67,17 @@ def parse_args(argv=None):
                              "checkpoint was trained on, whose last 10%% is held out")
     parser.add_argument("--dtype", choices=data.ID_DTYPES,
                         help="for --report on a .bin --data: its ids' type (default: uint16)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    given = [f"--{name}" for name in ("start", *SAMPLING, "top_k", "top_p") if getattr(args, name) is not None]
+    # The report draws its own sample, the same each time: options of another are refused, never dropped.
+    if args.report and given:
+        parser.error(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for sampling, and --report draws "
+                     f"its own sample (temperature 0.8, seed 0): leave {'it' if len(given) == 1 else 'them'} out, "
+                     f"or sample without --report")
+    for name, default in SAMPLING.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
 
 
 def encode_prompt(tokenizer, start):

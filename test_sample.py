@@ -69,6 +69,12 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--out_dir", "NAN_WEIGHTS"], "holds weights that are NaN or inf, from a run that diverged"),
     (["--report", "--data", "MISSING"], "cannot read the data file"),
     (["--report", "--init_from", "gpt2"], "--report needs a checkpoint of a run"),
+    # The report draws its own sample: another's options are refused, never dropped.
+    (["--report", "--data", "MISSING", "--temperature", "0.5", "--seed", "3"], "--temperature, --seed are for "
+                                                                               "sampling, and --report draws its own"),
+    (["--report", "--data", "MISSING", "--start", "ROMEO"], "--start is for sampling, and --report draws its own "
+                                                            "sample (temperature 0.8, seed 0): leave it out"),
+    (["--report", "--data", "MISSING", "--top_k", "3"], "--top_k is for sampling"),
 ])
 def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir, capsys, flags, match):
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)

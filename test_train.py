@@ -434,6 +434,11 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--norm", "batchnorm"], "argument --norm: norm must be one of rmsnorm, layernorm, not 'batchnorm'"),
     (["--optimizer", "sgd"], "argument --optimizer: optimizer must be one of muon, adamw, not 'sgd'"),
     (["--device", "tpu"], "unknown or not on this machine"),
+    (["--optimizer", "adamw", "--muon_lr", "0.02", "--muon_momentum", "0.9"], "--muon_lr, --muon_momentum set Muon's "
+                                                                              "steps, and this run trains with "
+                                                                              "--optimizer adamw alone: leave them out"),
+    (["--tie_weights", "--embedding_lr", "0.01"], "--embedding_lr is the rate of an embedding of its own, and this "
+                                                  "model ties its embedding to the output layer (tie_weights)"),
     (["--device", "cuda:7"], "unknown or not on this machine"),
     (["--device", "meta"], "unknown or not on this machine"),
     (["--n_embd", str(2 ** 16), "--n_head", "1", "--bigram", str(2 ** 24)], "out of memory (["),  # 4 TB of table
