@@ -30,10 +30,12 @@ COLOURS = {"train": "#1f77b4", "val": "#d62728", "lr": "#7f7f7f"}
 def loss_by_position(model, val, tc):
     """The mean loss of model at each position of eval_iters batches of the held-out ids val,
     (block_size,): what each token more of context buys. The windows are spread evenly over val, so
-    that the figure is the same each time it is drawn."""
+    that the figure is the same each time it is drawn; never more than val holds back to back, nor
+    more than gpt.MAX_EVAL_TOKENS of tokens in all."""
     T = tc.block_size
     device = next(model.parameters()).device
-    starts = torch.linspace(0, len(val) - T - 1, tc.eval_iters * tc.batch_size).long()
+    windows = min(tc.eval_iters * tc.batch_size, (len(val) - 1) // T, max(1, gpt.MAX_EVAL_TOKENS // T))
+    starts = torch.linspace(0, len(val) - T - 1, max(1, windows)).long()
     model.eval()
     # A running sum: the memory of one batch, however many there are.
     total = torch.zeros(T, device=device)

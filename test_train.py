@@ -148,6 +148,35 @@ def test_the_rule_tying_min_lr_to_learning_rate_holds_the_options_the_run_really
         train.first_config({}, dict(learning_rate=1e-4))  # a new run: the defaults are what it uses
 
 
+def test_the_last_evaluation_and_the_report_read_a_bounded_share_of_a_large_held_out_split(tmp_path, monkeypatch,
+                                                                                           capsys):
+    monkeypatch.setattr(gpt, "MAX_EVAL_TOKENS", 1000)  # TEXT holds out 3,000 tokens
+    real_loss, read = gpt.split_loss, []
+    monkeypatch.setattr(gpt, "split_loss", lambda model, ids, batch_size: read.append(len(ids)) or real_loss(
+        model, ids, batch_size))
+    real_forward, rows = gpt.GPT.forward, []
+
+    def counted(model, idx, targets=None, cache=None):
+        rows.append(idx.size(0) if cache is None and idx.size(1) == 16 else 0)
+        return real_forward(model, idx, targets, cache)
+
+    monkeypatch.setattr(gpt.GPT, "forward", counted)
+    train.main(tiny_flags(tmp_path, max_iters=2, eval_interval=2, eval_iters=100))  # 6,400 tokens a split
+    out = capsys.readouterr().out
+    assert read and max(read) == 1000, read  # every evaluation, the last one too
+    assert re.search(r"\nval loss [\d.]+ on the first 1,000 of 3,000 held-out tokens, [\d.]+ bits per character\n",
+                     out), out
+    # The report's loss at each position: at most MAX_EVAL_TOKENS of windows, never more than the split holds.
+    trainer_tc = tiny_train_config(tmp_path, eval_iters=100)  # 400 windows
+    model = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu")[0]
+    val = gpt.split(np.arange(30_000) % model.config.vocab_size)["val"]
+    for bound, windows in ((1000, 1000 // 16), (10 ** 6, 2999 // 16)):
+        monkeypatch.setattr(gpt, "MAX_EVAL_TOKENS", bound)
+        rows.clear()
+        report.loss_by_position(model, val, trainer_tc)
+        assert sum(rows) == windows, (bound, sum(rows))
+
+
 # ---------------------------------------------------------------------------------------------------- signals
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_ctrl_c_saves_and_resume_continues_exactly_with_either_optimizer(tmp_path, monkeypatch, optimizer):
@@ -434,9 +463,8 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--norm", "batchnorm"], "argument --norm: norm must be one of rmsnorm, layernorm, not 'batchnorm'"),
     (["--optimizer", "sgd"], "argument --optimizer: optimizer must be one of muon, adamw, not 'sgd'"),
     (["--device", "tpu"], "unknown or not on this machine"),
-    (["--optimizer", "adamw", "--muon_lr", "0.02", "--muon_momentum", "0.9"], "--muon_lr, --muon_momentum set Muon's "
-                                                                              "steps, and this run trains with "
-                                                                              "--optimizer adamw alone: leave them out"),
+    (["--optimizer", "adamw", "--muon_lr", "0.02", "--muon_momentum", "0.9"],
+     "--muon_lr, --muon_momentum set Muon's steps, and this run trains with --optimizer adamw alone: leave them out"),
     (["--tie_weights", "--embedding_lr", "0.01"], "--embedding_lr is the rate of an embedding of its own, and this "
                                                   "model ties its embedding to the output layer (tie_weights)"),
     (["--device", "cuda:7"], "unknown or not on this machine"),

@@ -356,13 +356,12 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
     # The report shows the evaluations: a run stopped before its first has none to show.
     if not trainer.history:
         return None
-    # The last evaluation's val loss is of every held-out token: the run's figure. A character
-    # model's also in bits per character, the unit such results are published in.
+    # The last evaluation's val loss is of the held-out split, up to gpt.MAX_EVAL_TOKENS of it: the
+    # run's figure. A character model's also in bits per character, the unit results are given in.
     val = trainer.history[-1]["val"]
     chars = isinstance(trainer.tokenizer, gpt.CharTokenizer)
     bits = f", {val / math.log(2):.3f} bits per character" if chars else ""
-    log(f"val loss {val:.4f} on the whole held-out split ({len(trainer.splits['val']) - 1:,} "
-        f"tokens){bits}")
+    log(f"val loss {val:.4f} on {held_out_read(len(trainer.splits['val']))}{bits}")
     try:
         figures = dict(tokens_per_step=tokens_per_step, processes=world)
         page = report.make(trainer.model, trainer.tokenizer, trainer.history,
@@ -375,6 +374,13 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
     if page:
         log(f"report: {page}")
     return None
+
+
+def held_out_read(held_out):
+    """What a run's last evaluation reads of its held_out tokens, as its last line says it."""
+    if held_out <= gpt.MAX_EVAL_TOKENS:
+        return f"the whole held-out split ({held_out - 1:,} tokens)"
+    return f"the first {gpt.MAX_EVAL_TOKENS:,} of {held_out:,} held-out tokens"
 
 
 def diverged_message(trainer):
