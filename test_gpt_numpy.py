@@ -687,6 +687,67 @@ def test_a_missing_or_unexpected_gradient_is_named_and_the_other_rows_still_chec
     assert all(r.verdict == "ok" for r in check_linear(gpt_numpy.linear_backward).values())
 
 
+def test_a_misspelt_or_missing_model_gradient_is_a_row_naming_it_and_the_other_tensors_still_checked(
+        tmp_path, monkeypatch):
+    slip = 'grads["wte.wieght"] += embedding_backward(dx, self.saved["wte"])[1]["weight"]'
+    twin = broken_twin(tmp_path, '        back("wte", embedding_backward, dx)\n', f"        {slip}\n")
+    lines = []
+    assert not workbook.check(log=lines.append, twin=twin, only="model")
+    rows = verdicts(lines)
+    for block in ("gpt2", "llama"):
+        assert rows.pop(f"model ({block}): wte.weight") == "ERROR"
+        assert f"model ({block}): wte.weight".ljust(61) + "ERROR  no gradient for wte.weight; got wte.wieght" in lines
+    assert set(rows.values()) == {"ok"} and len(rows) > 40, rows
+    # A dict of gradients with a key renamed, and one without a tensor's key at all.
+    right = gpt_numpy.GPT.backward
+    for renamed, says in (("lm_head.wieght", "got lm_head.wieght"), (None, "GPT.backward gave no key lm_head.weight")):
+        def backward(self, activations=False, renamed=renamed):
+            grads = right(self)
+            if renamed and "lm_head.weight" in grads:
+                grads[renamed] = grads["lm_head.weight"]
+            return {n: g for n, g in grads.items() if n != "lm_head.weight"}
+        monkeypatch.setattr(gpt_numpy.GPT, "backward", backward)
+        lines = []
+        assert not workbook.check(log=lines.append, only="model")
+        bad = {n: v for n, v in verdicts(lines).items() if v != "ok"}
+        assert bad == {"model (llama): lm_head.weight": "ERROR"}, bad  # gpt2 ties it to wte: no lm_head
+        assert any(line.endswith(f"no gradient for lm_head.weight; {says}") for line in lines), lines
+        monkeypatch.undo()
+    assert workbook.check(log=[].append, only="model")
+
+
+def test_intermediates_show_the_slipped_layers_gradient_first_to_differ(tmp_path, twin_dir):
+    lines = []
+    assert workbook.intermediates("gpt2", workbook.GPT2, log=lines.append) is None
+    said = [line.split()[:3] for line in lines[1:-1]]
+    assert said[0] == ["loss:", "dout", "exact"] and said[1] == ["loss:", "dx", "exact"], said
+    assert ["h.1.mlp.act:", "dx", "exact"] in said and said[-1] == ["wte:", "dout", "exact"]
+    # A right body written another way is close; a slip in GELU's is the first to differ, at its own dx.
+    slip = ("    dgelu_dx = 0.5 * (1 + t) + 0.5 * x * dt_dx", "    dgelu_dx = (1 + t + x * dt_dx) / 2",
+            "    dgelu_dx = 0.5 * (1 + t)")
+    twin = broken_twin(tmp_path, slip[0], slip[1])
+    lines = []
+    assert workbook.intermediates("gpt2", workbook.GPT2, twin, log=lines.append) is None
+    assert {line.split()[2] for line in lines[1:-1]} <= {"exact", "close"}, lines
+    twin = broken_twin(tmp_path, slip[0], slip[2])
+    lines = []
+    assert workbook.intermediates("gpt2", workbook.GPT2, twin, log=lines.append) == "h.1.mlp.act: dx"
+    verdicts_ = [line.split()[2] for line in lines[1:-1]]
+    first = verdicts_.index("DIFFERS")
+    assert lines[1 + first].split()[:2] == ["h.1.mlp.act:", "dx"] and set(verdicts_[:first]) == {"exact"}
+    assert lines[-1] == "first to differ: h.1.mlp.act: dx"
+    # From the command line, beside the table; the slip fails it, the reference passes.
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    (twin_dir / "exercise_19.py").write_text(source.replace(slip[0], slip[2]), encoding="utf-8")
+    done = run_cli("exercise_19.py", "--check", "gelu", "--intermediates", cwd=twin_dir)
+    assert done.returncode == 1 and "first to differ: h.1.mlp.act: dx" in done.stdout, done.stdout
+    assert "intermediates (llama)" not in done.stdout  # gelu's check runs the GPT-2 model alone
+    done = run_cli("gpt_numpy.py", "--check", "model", "--intermediates", cwd=twin_dir)
+    assert done.returncode == 0 and done.stdout.count("every intermediate exact or close") == 2, done.stdout
+    done = run_cli("gpt_numpy.py", "--intermediates", cwd=twin_dir)
+    assert done.returncode == 2 and "--intermediates goes with --check" in done.stderr
+
+
 def test_a_swap_is_named_in_a_layer_and_in_the_model(tmp_path, monkeypatch):
     rows = check_linear(linear_like(lambda d: {"weight": d["weight"].T, "bias": d["bias"]}))
     assert rows["weight"].verdict == "WRONG" and "its values are" not in str(rows["weight"])  # a transpose: no swap
@@ -845,7 +906,7 @@ def test_the_exercise_file_holds_no_line_of_the_blanked_body_nor_its_derivation(
 def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_answer_passes(tmp_path):
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
     twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
-    writes = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" in ex]
+    writes = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" in ex and "lines" not in ex]
     assert [ex["function"] for _, ex in writes] == list(WRONG_ANSWERS)  # every backward, the model's last
     for number, ex in writes:
         path, made = workbook.start_exercise(number, twin)
@@ -888,6 +949,46 @@ def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_an
         assert body.replace(change, to) in Path(path).read_text(encoding="utf-8")
 
 
+# Each stage of attention's backward: the line that sets it, a slip in it and the first row that turns, a right line
+# written another way.
+STAGES = [("datt = dy @ v.transpose(0, 1, 3, 2)", "datt = 2 * dy @ v.transpose(0, 1, 3, 2)",
+           "attention: datt (intermediate)", 'datt = np.einsum("bhtd,bhsd->bhts", dy, v)'),
+          ("dscores = softmax_backward(datt, att)[0]", "dscores = att * datt", "attention: dscores (intermediate)",
+           "dscores = att * (datt - (datt * att).sum(-1, keepdims=True))"),
+          ("dk = dscores.transpose(0, 1, 3, 2) @ q * scale", "dk = dscores @ q * scale",
+           "attention: dk (intermediate)", "dk = np.swapaxes(dscores, -1, -2) @ (q * scale)")]
+
+
+def test_a_stage_exercise_blanks_its_lines_alone_and_grades_its_intermediate_first(tmp_path):
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
+    stages = [(n, ex) for n, ex in enumerate(workbook.exercises(), 1) if ex.get("lines")]
+    assert [ex["lines"] for _, ex in stages] == [["datt", "dv"], ["dscores"], ["dq", "dk"]]
+    assert [n for n, _ in stages] == [30, 31, 32]  # after the others, whose numbers stay
+    for (number, ex), (line, slip, row, other) in zip(stages, STAGES):
+        path, made = workbook.start_exercise(number, twin)
+        blank = Path(path).read_text(encoding="utf-8")
+        hole = re.search(r'\n( *raise NotImplementedError\("attention_backward: .* are yours to write"\)\n)',
+                         blank).group(1)
+        assert line not in blank and "dv = dv.transpose(0, 2, 1, 3)" in blank  # its lines gone, the rest kept
+        assert not leaked(source, blank, []) and "datt = dy @" not in workbook.listing()
+        lines = []
+        assert not workbook.check(twin=imported(path), only="attention", log=lines.append, models=False)
+        assert lines[1].startswith(f"attention: {ex['lines'][0]} (intermediate)") and "ERROR" in lines[1], lines
+        stage = workbook.blanked(source, "attention_backward", names=ex["lines"])[1]
+        assert line in stage and "return" not in stage
+        indent = " " * 4
+        for body, passes in ((stage, True), (stage.replace(line, slip), False), (stage.replace(line, other), True)):
+            Path(path).write_text(blank.replace(hole, body), encoding="utf-8")
+            lines = []
+            assert workbook.check(twin=imported(path), only="attention", log=lines.append, models=False) == passes
+            names = [name for name in verdicts(lines) if name.endswith("(intermediate)")]
+            assert names == [f"attention: {name} (intermediate)" for name in ex["lines"]], lines
+            if not passes:
+                assert lines[-1].endswith(f"first {row}") and verdicts(lines)[row] == "WRONG", (number, lines)
+        assert indent + line in source
+
+
 def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir):
     shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
     readme = Path(HERE, "README.md").read_text(encoding="utf-8")
@@ -897,8 +998,9 @@ def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir
     listed = run_cli(*commands[0], cwd=twin_dir).stdout
     # 18 to break a line, then 11 to write a body.
     kinds = ["check" in ex for ex in workbook.exercises()]
-    assert re.findall(r"^ ?\d+\. ", listed, re.M) == [f"{n:2d}. " for n in range(1, 30)] and len(kinds) == 29
-    assert kinds == [False] * 18 + [True] * 11 and "\n24. write the body of softmax_backward\n" in listed
+    assert re.findall(r"^ ?\d+\. ", listed, re.M) == [f"{n:2d}. " for n in range(1, 33)] and len(kinds) == 32
+    # Then 3 that write attention's backward a stage at a time.
+    assert kinds == [False] * 18 + [True] * 14 and "\n24. write the body of softmax_backward\n" in listed
     started = run_cli(*commands[1], cwd=twin_dir)
     assert started.returncode == 0 and "python exercise_24.py --check softmax" in started.stdout, started
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")

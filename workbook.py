@@ -2,6 +2,7 @@
 check's table, the workbook of exercises and the demo's command line (python gpt_numpy.py ...)."""
 import argparse
 import ast
+import difflib
 import importlib.util
 import json
 import math
@@ -237,6 +238,12 @@ def raised_here(error, twin, function=None):
 def learners_function(twin):
     """The function whose body a learner writes in twin, an exercise's copy (exercise_N.py), as
     the workbook names it ("GPT.backward"); None for any other file."""
+    ex = learners_exercise(twin)
+    return ex["function"] if ex else None
+
+
+def learners_exercise(twin):
+    """The exercise whose copy twin is (exercise_N.py), from the workbook; None for any other."""
     name = os.path.basename(getattr(twin, "__file__", "") or "")
     number = name[len("exercise_"):-len(".py")]
     if not (name.startswith("exercise_") and name.endswith(".py") and number.isdigit()):
@@ -245,7 +252,7 @@ def learners_function(twin):
         found = exercises()
     except ValueError:
         return None
-    return found[int(number) - 1]["function"] if 1 <= int(number) <= len(found) else None
+    return found[int(number) - 1] if 1 <= int(number) <= len(found) else None
 
 
 def arrays_in(value, label):
@@ -422,8 +429,9 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
     every row of a matrix and every vector checked against finite differences along a random
     direction of its own, d, whose entries are all 0.5 to 1.5 in size (so no entry escapes it):
     the sum of the gradient times d against the change of the loss along d. Each is measured
-    against the scale of its tensor, or a tenth of its layer's largest where that is more. If the
-    forward or backward raises, every tensor's row is ERROR, saying where."""
+    against the scale of its tensor, or a tenth of its layer's largest where that is more. A
+    gradient missing, misspelt or of another shape is a row that says so. If the forward or
+    backward raises, every tensor's row is ERROR, saying where."""
     config = model_config(twin, switches, block_size=T + 1)
     targets = rng.integers(0, V, (MB, T))
     idx = rng.integers(0, V, (MB, T))
@@ -435,32 +443,41 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
     order = from_the_loss(list(params))
     function = learners_function(twin)
 
-    def fresh():
+    def fresh(extra=None):
         # Copies for each model: a layer that writes into the weights, the indices or the targets
         # in place cannot move what the finite differences measure.
-        return twin.GPT(config, {name: w.copy() for name, w in params.items()})
+        return twin.GPT(config, {name: w.copy() for name, w in {**params, **(extra or {})}.items()})
 
     changed = []
     restore = watching_backwards(twin, changed)
+    # A misspelt key a backward added into (grads["wte.wieght"] += ...): the tensor it meant. The
+    # backward runs again with that key among the weights, so that a dict of gradients made from
+    # them holds it, and every other tensor is still checked.
+    meant = {}
     try:
-        model = fresh()
-        model.forward(idx.copy(), targets.copy())
-        grads = model.backward()
+        while True:
+            model = fresh({key: np.zeros_like(params[name]) for key, name in meant.items()})
+            model.forward(idx.copy(), targets.copy())
+            try:
+                grads = model.backward()
+                break
+            except KeyError as e:
+                key = e.args[0] if len(e.args) == 1 else None
+                near = difflib.get_close_matches(key, list(params), 1, 0.8) if isinstance(
+                    key, str) and key not in params and key not in meant else []
+                if not near:
+                    raise
+                meant[key] = near[0]
         if not isinstance(grads, dict):
             raise TypeError(f"GPT.backward returned {type(grads).__name__}, not a dict of "
                             f"gradients by name")
-        missing = [name for name in order if name not in grads]
-        if missing:
-            raise KeyError(f"GPT.backward gave no gradient for {missing[0]}")
-        for name in order:
-            if np.shape(grads[name]) != params[name].shape:
-                raise ValueError(f"the gradient of {name} has the shape "
-                                 f"{np.shape(grads[name])}, not {params[name].shape}")
     except (Exception, SystemExit) as e:
         raised = raised_here(e, twin, function)
         return [Row(f"model ({block}): {name}", raised=raised) for name in order]
     finally:
         restore()
+    rows = key_rows(block, params, grads, meant)
+    order = [name for name in order if name not in rows]
 
     def loss():
         return fresh().forward(idx.copy(), targets.copy())[1]
@@ -472,7 +489,6 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
         return np.array([np.sum(g[s] * d[s]) for s in slices_of(d)])
 
     numeric = {}
-    rows = {}
     for name in order:
         try:
             w = params[name]
@@ -502,7 +518,33 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
                                       tolerance, loss)
             row.problem = changed[0] if changed else None
         rows[name] = row
-    return [rows[name] for name in order]
+    return [rows[name] for name in from_the_loss(list(params)) if name in rows] + [
+        row for name, row in rows.items() if name not in params]
+
+
+def key_rows(block, params, grads, meant):
+    """{name: Row} for each tensor whose gradient GPT.backward did not give under its name, or gave
+    in another shape, and for each key it gave that names no tensor; the rest are checked."""
+    given = [key for key in grads if key not in params]
+    # Each key that names no tensor, by the tensor it is nearest to: the one it meant.
+    for key in given:
+        near = difflib.get_close_matches(key, list(params), 1, 0.8)
+        if near and key not in meant:
+            meant[key] = near[0]
+    rows = {}
+    for name in from_the_loss(list(params)):
+        typo = [key for key, tensor in meant.items() if tensor == name]
+        if name not in grads or typo:
+            got = f"got {typo[0]}" if typo else f"GPT.backward gave no key {name}"
+            rows[name] = Row(f"model ({block}): {name}", raised=f"no gradient for {name}; {got}")
+        elif np.shape(grads[name]) != params[name].shape:
+            rows[name] = Row(f"model ({block}): {name}", raised=f"the gradient of {name} has the "
+                             f"shape {np.shape(grads[name])}, not {params[name].shape}")
+    for key in given:
+        if key not in meant:
+            rows[key] = Row(f"model ({block}): {key}", raised=f"a gradient for {key}, which the "
+                                                              f"model does not have")
+    return rows
 
 
 def model_detail(name, ours, n, params, grads, numeric, scales, along, tolerance, loss):
@@ -534,6 +576,94 @@ def model_detail(name, ours, n, params, grads, numeric, scales, along, tolerance
     rows = ", ".join(str(int(r)) for r in differ[:6]) + (", ..." if len(differ) > 6 else "")
     return (f"rows {rows} of {len(ours)} differ, the most at [{at}]: ours "
             f"{mine[worst].ravel()[i]:.6g} vs finite differences {right[i]:.6g}")
+
+
+# The names of a layer backward's inputs, where it has more than one: its dx is a tuple of theirs.
+INPUTS = {"attention_backward": ("q", "k", "v"), "swiglu_backward": ("gate", "up")}
+
+
+def recorded(twin, config, params, idx, targets):
+    """[(layer, what, array)] in the order GPT.backward of twin reaches them: each layer's dout,
+    the gradient at its output, then the gradient at each of its inputs its backward returns.
+    The layers are named as backward(activations=True) keys them."""
+    calls = []
+    names = [name for name in dir(twin) if name.endswith("_backward")]
+    kept = {name: getattr(twin, name) for name in names}
+
+    depth = [0]
+
+    def recording(name):
+        def backward(dout, saved):
+            # Only GPT.backward's own calls: not softmax_backward inside attention_backward.
+            depth[0] += 1
+            try:
+                returned = kept[name](dout, saved)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                calls.append((name, dout, returned))
+            return returned
+        return backward
+
+    for name in names:
+        setattr(twin, name, recording(name))
+    try:
+        model = twin.GPT(config, {n: w.copy() for n, w in params.items()})
+        model.forward(idx.copy(), targets.copy())
+        _, douts = model.backward(activations=True)
+    finally:
+        for name, function in kept.items():
+            setattr(twin, name, function)
+    # back() keys each dout as it calls the layer's backward: the calls and the keys go in step.
+    layers = list(douts) if len(douts) == len(calls) else [name for name, _, _ in calls]
+    found = []
+    for layer, (name, dout, returned) in zip(layers, calls):
+        found.append((layer, "dout", np.asarray(dout, dtype=np.float64)))
+        dx = returned[0] if isinstance(returned, tuple) and len(returned) == 2 else None
+        dxs = dx if isinstance(dx, tuple) else (dx,)
+        for label, value in zip(INPUTS.get(name, ("x",)), dxs):
+            if value is not None:
+                found.append((layer, f"d{label}", np.asarray(value, dtype=np.float64)))
+    return found
+
+
+@np.errstate(all="ignore")
+def intermediates(block, switches, twin=gpt_numpy, log=print):
+    """Logs GPT.backward's intermediates on the check's model of that block, twin's against the
+    reference's (gpt_numpy's), as makemore's cmp does line by line: each layer's dout and the
+    gradients its backward hands back, from the loss down, each exact, close (to 1e-6 of its
+    size) or DIFFERS, with the largest difference; then the first that differs. Returns it, or
+    None where none does."""
+    rng = np.random.default_rng(0)
+    config = model_config(gpt_numpy, switches, block_size=T + 1)
+    params = {name: w + 0.3 * rng.standard_normal(w.shape)
+              for name, w in gpt_numpy.init_params(config, seed=1, dtype=np.float64).items()}
+    idx, targets = rng.integers(0, V, (MB, T)), rng.integers(0, V, (MB, T))
+    reference = recorded(gpt_numpy, config, params, idx, targets)
+    try:
+        yours = recorded(twin, model_config(twin, switches, block_size=T + 1), params, idx, targets)
+    except (Exception, SystemExit) as e:
+        log(f"intermediates ({block}): GPT.backward(activations=True) raised "
+            f"{raised_here(e, twin, learners_function(twin))}")
+        return f"GPT.backward ({block})"
+    log(f"intermediates ({block}), yours against the reference's, from the loss down:")
+    first = None
+    for n, (layer, what, ref) in enumerate(reference):
+        name = f"{layer}: {what}"
+        if n >= len(yours) or yours[n][:2] != (layer, what) or yours[n][2].shape != ref.shape:
+            said = "missing" if n >= len(yours) else f"got {yours[n][0]}: {yours[n][1]} " \
+                                                     f"{yours[n][2].shape}"
+            log(f"  {name:36s} DIFFERS  {ref.shape}, {said}")
+            first = first or name
+            continue
+        diff = float(np.abs(yours[n][2] - ref).max()) if ref.size else 0.0
+        verdict = ("exact" if np.array_equal(yours[n][2], ref) else
+                   "close" if diff <= 1e-6 * max(np.abs(ref).max(), 1e-300) else "DIFFERS")
+        log(f"  {name:36s} {verdict:7s}  max diff {diff:.1e}")
+        if verdict == "DIFFERS":
+            first = first or name
+    log(f"first to differ: {first}" if first else "every intermediate exact or close")
+    return first
 
 
 def fixed_weights(config, dtype=np.float64):
@@ -585,6 +715,51 @@ def check_forward(block, switches, tolerance=1e-6, twin=gpt_numpy):
         rows.append(Row(name + "known logits", raised=f"cannot read {KNOWN_LOGITS}: {e}"))
     except (Exception, SystemExit) as e:
         rows.append(Row(name + "known logits", raised=raised_here(e, twin)))
+    return rows
+
+
+def ended_with(function, *args):
+    """(the exception function raised or None, its local variables as it ended), read as its
+    frame returns: the intermediates of a backward, by the names its body gives them."""
+    found = {}
+
+    def profile(frame, event, arg):
+        if event == "return" and frame.f_code is function.__code__:
+            found.update(frame.f_locals)
+
+    kept = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        function(*args)
+        raised = None
+    except (Exception, SystemExit) as e:
+        raised = e
+    finally:
+        sys.setprofile(kept)
+    return raised, found
+
+
+def stage_rows(name, ex, forward, x, params, tolerance, twin):
+    """The rows of a stage exercise: each of the intermediates it names, as the learner's backward
+    in twin ends, against the reference's (gpt_numpy's) on the layer's own check inputs."""
+    inputs = list(x.values()) if isinstance(x, dict) else [x]
+    out, saved = forward(*[np.copy(v) for v in inputs], **params)
+    dout = np.random.default_rng(0).standard_normal(np.shape(out))
+    function = ex["function"]
+    _, reference = ended_with(getattr(gpt_numpy, function), dout.copy(), saved)
+    raised, yours = ended_with(getattr(twin, function), dout.copy(), saved)
+    rows = []
+    for var in ex["lines"]:
+        row_name = f"{name}: {var} (intermediate)"
+        if var not in yours:
+            said = f" (it raised {raised_here(raised, twin, function)})" if raised else ""
+            rows.append(Row(row_name, raised=f"{function} ended without a value named {var}{said}"))
+        elif np.shape(yours[var]) != np.shape(reference[var]):
+            rows.append(Row(row_name, raised=f"{var} has the shape {np.shape(yours[var])}, not "
+                                             f"{np.shape(reference[var])}"))
+        else:
+            rows.append(compared(row_name, yours[var], reference[var], tolerance,
+                                 versus="the reference's"))
     return rows
 
 
@@ -657,9 +832,12 @@ def check(tolerance=1e-6, log=print, twin=gpt_numpy, only=None, models=True):
             log(str(row))
         rows.extend(new_rows)
 
+    ex = learners_exercise(twin) or {}
     for name, forward, backward, x, params in layers:
         if name not in names:
             continue
+        if ex.get("lines") and name == ex["check"]:
+            show(stage_rows(name, ex, forward, x, params, tolerance, twin))
         layer_rows = check_layer(forward, backward, x, tolerance=tolerance, twin=twin, **params)
         for row in layer_rows:
             row.name = f"{name}: d{row.name}"
@@ -754,6 +932,10 @@ def workbook_problem(found):
         if "check" in ex and not (len(ex["hints"]) >= 3
                                   and all(isinstance(h, str) and h for h in ex["hints"])):
             return f'exercise {number}\'s "hints" is not a list of 3 or more texts'
+        if not (isinstance(ex.get("lines", []), list) and all(
+                isinstance(name, str) for name in ex.get("lines", []))) or "lines" in ex and (
+                "check" not in ex or not ex["lines"]):
+            return f'exercise {number}\'s "lines" is not a write exercise\'s list of names'
         if not (isinstance(ex.get("with", []), list)
                 and all(isinstance(name, str) for name in ex.get("with", []))):
             return f'exercise {number}\'s "with" is not a list of functions'
@@ -790,7 +972,7 @@ def above(lines, node):
     return start
 
 
-def blanked(source, function, also=(), note=None):
+def blanked(source, function, also=(), note=None, names=()):
     """(source with function's body gone, the body). The body becomes a raise that says it is the
     learner's to write; the docstring stays, as the contract. The comments above each blanked
     function, its derivation, which ends in the body's formula, go too: note, when given, takes
@@ -808,14 +990,22 @@ def blanked(source, function, also=(), note=None):
             start -= 1
         hole = (f'{" " * first.col_offset}raise NotImplementedError("{name}: its body is yours to '
                 f'write")\n')
+        end = node.end_lineno
+        if names and name == function:
+            # Only the statements that first set each of names: the lines of one stage.
+            sets = [next(n for n in node.body if isinstance(n, ast.Assign) and name_ in
+                         [t.id for t in n.targets if isinstance(t, ast.Name)]) for name_ in names]
+            start, end = min(n.lineno for n in sets) - 1, max(n.end_lineno for n in sets)
+            hole = (f'{" " * first.col_offset}raise NotImplementedError("{name}: '
+                    f'{" and ".join(names)} are yours to write")\n')
         indent = " " * node.col_offset
         said = [f"{indent}# {line}\n" for line in
                 textwrap.wrap(note.format(name=name), 98 - len(indent))] if note else []
         if name == function:
-            body = "".join(lines[start:node.end_lineno])
+            body = "".join(lines[start:end])
         top = node.lineno - 1
         source = "".join(lines[:above(lines, node)] + said + lines[top:start] + [hole]
-                         + lines[node.end_lineno:])
+                         + lines[end:])
     return source, body
 
 
@@ -892,6 +1082,7 @@ def listing():
     for number, ex in enumerate(found, 1):
         functions = [ex["function"], *blanked_too(ex)]
         kind = ("break a line of" if "check" not in ex else
+                f"write {' and '.join(ex['lines'])} in" if ex.get("lines") else
                 "write the body of" if len(functions) == 1 else "write the bodies of")
         functions = " and ".join(functions)
         lines.append(f"{number:2d}. {kind} {functions}")
@@ -922,8 +1113,11 @@ def exercise_text(number, answer=False, path=None):
         if len(functions) > 1:
             both = (f" So is the body of {' and '.join(functions[1:])}, whose finished body would "
                     f"give the method away: write both.")
+        gone = (f"the lines of {ex['function']} that set {' and '.join(ex['lines'])} are gone "
+                f"(the check compares them, by those names, with the reference's)"
+                if ex.get("lines") else f"the body of {ex['function']} is gone")
         steps = (f"{lesson} --exercise {number} made {shown(path)}, a copy of gpt_numpy.py in which "
-                 f"the body of {ex['function']} is gone, and the derivation above it.{both} "
+                 f"{gone}, and the derivation above it.{both} "
                  f"Write the body from the rules and the forward, then grade it (again as often as "
                  f"you like):")
         commands = "\n".join(f"    {grading_command(path, check_of(function))}"
@@ -968,10 +1162,12 @@ def exercise_source(source, number):
     """The learner's copy of source (gpt_numpy.py) for write exercise number: its functions' bodies
     and derivations gone, a note where each derivation was."""
     ex = exercises()[number - 1]
-    note = (f"{{name}}: its body is yours to write, from the rules and the forward. Hints, one more "
+    yours = (f"the lines that set {' and '.join(ex['lines'])} are yours" if ex.get("lines") else
+             "its body is yours")
+    note = (f"{{name}}: {yours} to write, from the rules and the forward. Hints, one more "
             f"each time: python gpt_numpy.py --exercise {number} --hint; its derivation and its "
             f"body: --exercise {number} --answer")
-    return blanked(source, ex["function"], blanked_too(ex), note)[0]
+    return blanked(source, ex["function"], blanked_too(ex), note, ex.get("lines", ()))[0]
 
 
 def writable(folder):
@@ -1085,6 +1281,9 @@ def main(argv=None, twin=gpt_numpy):
     parser.add_argument("--check", nargs="?", const="", metavar="NAME",
                         help="instead: check every gradient by finite differences, or one "
                              f"layer's and the models that use it: {'; '.join(CHECKS)}")
+    parser.add_argument("--intermediates", action="store_true",
+                        help="with --check: also GPT.backward's intermediates, each layer's dout "
+                             "and input gradients, against the reference's, exact or close")
     parser.add_argument("--exercise", metavar="N",
                         help="instead: start exercise N of the workbook (write a backward, or "
                              "break one and predict the rows of --check that turn), or list "
@@ -1126,6 +1325,8 @@ def main(argv=None, twin=gpt_numpy):
     if args.train:
         stale(twin)
         sys.exit(0 if train_beside(twin) else 1)
+    if args.intermediates and args.check is None:
+        parser.error("--intermediates goes with --check (or --check NAME)")
     if args.check and args.check not in CHECKS:
         names = ", ".join(f"'{name}'" for name in CHECKS)
         parser.error(f"--check trains nothing: it checks every row, or a layer's named as its "
@@ -1170,6 +1371,10 @@ def main(argv=None, twin=gpt_numpy):
         stale(twin)
         try:
             passed = check(twin=twin, only=only)
+            if args.intermediates:
+                for block in CHECKS[only][1] if only else ("gpt2", "llama"):
+                    print()
+                    passed = intermediates(block, GPT2 if block == "gpt2" else LLAMA, twin) is None and passed
         # Anything that ends the check before its last row (a body's sys.exit(0) outside a row):
         # never a pass.
         except SystemExit as e:
