@@ -30,7 +30,6 @@ The command lines (workbook.py, beside this file, holds them and everything that
                                                # prints it), against finite differences
     python gpt_numpy.py --exercise list        # the workbook: write a backward, or break one
     python gpt_numpy.py [PATH] [--seconds N]   # trains a tiny GPT on PATH (input.txt), then samples
-test_gpt.py also holds every gradient here to PyTorch's autograd.
 """
 import collections
 import math
@@ -138,8 +137,6 @@ def layer_gradients(forward, backward, inputs, params, seed=0):
 
 # ------------------------------------------------------------------------------------------ layers
 def linear_forward(x, weight, bias=None):
-    # As one (B*T, in) @ (in, out) product: NumPy would run a (B, T, in) one as B small ones, many
-    # times slower.
     x2 = x.reshape(-1, x.shape[-1])  # (B*T, in)
     out = (x2 @ weight.T).reshape(*x.shape[:-1], weight.shape[0])  # (B, T, out)
     if bias is not None:
@@ -209,7 +206,6 @@ GELU_K = math.sqrt(2 / math.pi)
 
 
 def gelu_forward(x):
-    # x * x * x: NumPy's x ** 3 is far slower.
     t = np.tanh(GELU_K * (x + 0.044715 * x * x * x))  # (B, T, hidden)
     return 0.5 * x * (1 + t), (x, t)
 
@@ -340,8 +336,6 @@ def rope_tables(config, dtype):
     angles = np.outer(np.arange(config.block_size), inv_freq)  # (block_size, hs / 2)
     # Channel j and channel j + hs/2 turn by the same angle.
     angles = np.concatenate([angles, angles], axis=-1)  # (block_size, hs)
-    # gpt.py builds its tables in float64 and stores float32: rounding the same way, the two agree
-    # in float32.
     cos = np.cos(angles).astype(np.float32).astype(dtype)
     sin = np.sin(angles).astype(np.float32).astype(dtype)
     return cos, sin
@@ -470,8 +464,11 @@ class GPT:
             # The same rows are added to every sequence: a broadcast over B.
             x = x + pos
         if cfg.bigram:
-            # The bigram table, as gpt.py reads it: the row of each pair (token before, token), -1
-            # before a window's first token, numbered modulo the table's size.
+            # The bigram table: a second embedding, read by the pair (token before, token) rather
+            # than by the token alone, so that each position starts out knowing what came just
+            # before it. Pair (a, b) reads row (a V + b) modulo the table's size (pairs share a
+            # row when there are more pairs than rows); a window's first token pairs with -1.
+            # Its backward is the embedding's: the rows read get the gradient at x (rule 1).
             before = np.pad(idx, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # (B, T)
             rows = (before * cfg.vocab_size + idx) % cfg.bigram
             # (B, T, C)
@@ -519,7 +516,7 @@ class GPT:
     def backward(self, activations=False):
         """The gradient of the last forward's loss for every parameter, named as params. With
         activations=True, also douts, {layer: dL/d(its output)}, keyed like the forward's saved
-        values, to compare a whole chain with PyTorch's layer by layer."""
+        values, to compare a whole chain with a reference's, layer by layer."""
         if self.saved is None:
             raise RuntimeError("backward() needs a forward(idx, targets), with targets, before it")
         cfg = self.config
@@ -567,7 +564,7 @@ class GPT:
             # The same rows were added to every sequence (rule 2).
             back("wpe", embedding_backward, dx.sum(0))
         if cfg.bigram:
-            # x = wte (+ wpe) + pairs: an addition hands dx to each.
+            # x = wte (+ wpe) + pairs: an addition hands dx to each, here to the rows of the pairs.
             back("bigram", embedding_backward, dx)
         # Tied, this adds to the head's gradient of the same matrix (rule 1).
         back("wte", embedding_backward, dx)

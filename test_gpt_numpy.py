@@ -119,6 +119,11 @@ def test_gpt_numpy_is_the_lesson_alone_read_in_the_order_it_is_learned():
                  "exercises", "main"):
         assert hasattr(workbook, name) and not hasattr(gpt_numpy, name), name
     assert not hasattr(gpt_numpy.GPT, "generate")
+    # The bigram table explained where the forward reads it; the asides on speed and on PyTorch beside the lesson.
+    forward = source[source.index("def forward(self"):source.index("def backward(self")]
+    assert "The bigram table: a second embedding, read by the pair (token before, token)" in forward
+    assert not re.search(r"slower|faster|bit for bit|PyTorch", source), re.findall(r".*(?:slower|PyTorch).*", source)
+    assert "x ** 3 is far slower" in Path(HERE, "workbook.py").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------ a weight for each map
