@@ -1,5 +1,6 @@
-"""A GPT in one file of PyTorch: a character tokenizer, the model, sampling through a KV cache, one
-training loop, checkpoints and device choice. It imports only torch; importing it does nothing."""
+"""A GPT in one file of PyTorch: a character tokenizer, a config with switches, the model, sampling
+through a KV cache, Muon, one training loop, checkpoints, device choice. Imports only torch."""
+import contextlib
 import math
 import numbers
 import os
@@ -71,14 +72,16 @@ class GPTConfig:
     bigram: int = option(8192, min=0, max=2 ** 24, help="Rows of the token pairs' table (0: none).")
 
     def __post_init__(self):
-        # Each option by its rule, kept in its own type (a NumPy number would not load back).
+        # Each option made by option() (a copier's own fields may not be) held to its rule,
+        # and kept in its own type: a NumPy number would not load back from a checkpoint.
         for f in fields(self):
-            if "choices" in f.metadata:
+            if "help" in f.metadata:
                 object.__setattr__(self, f.name, check_option(f, getattr(self, f.name)))
         # Rotary positions turn pairs of channels within each head.
         per_head = 2 if self.pos == "rope" else 1
         if self.n_embd % (per_head * self.n_head):
-            raise ValueError(f"n_embd must be a multiple of n_head ({self.n_head}), twice for rope")
+            raise ValueError(f"n_embd must be a multiple of n_head, twice that for rope: "
+                             f"{per_head * self.n_head} here")
 
 
 def make_norm(config):
@@ -106,7 +109,7 @@ def rope_forward(x, cos, sin):
 
 class KVCache:
     """Keys and values of each layer so far, allocated once to block_size and written in place (a
-    cat would copy all every token). pos: positions filled (0 starts again); last: last ids read."""
+    cat would copy all every token). pos: the positions filled; last: the newest ids (GPT.embed)."""
 
     def __init__(self, config):
         self.config = config
@@ -144,9 +147,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
         # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not
-        # grow with the head size. is_causal gives later keys weight 0, by a mask
-        # aligned top left (query i sees keys 0 to i): the one query after a cache,
-        # the last position, goes without it and sees all.
+        # grow with the head size. is_causal lets query i see keys 0 to i, right
+        # when q and k start together; the one query after a cache is the newest
+        # position and must see every key, so it goes unmasked.
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
         y = y.transpose(1, 2).flatten(2)  # (B, T, nh * hs): the heads side by side again
@@ -169,8 +172,9 @@ class MLP(nn.Module):
         super().__init__()
         self.swiglu = config.mlp == "swiglu"
         self.dropout = config.dropout
-        # SwiGLU has three matrices instead of two: 8/3 * n_embd hidden units keep GELU's size
-        # (4 * n_embd), rounded up to a multiple of 64, a width matrix products run fast at.
+        # SwiGLU has three matrices, not two: 8/3 * n_embd hidden units keep GELU's
+        # parameters (two matrices of 4 * n_embd), rounded up to a multiple of 64,
+        # a width products run fast at.
         hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.c_gate = nn.Linear(config.n_embd, hidden, bias=config.bias) if self.swiglu else None
@@ -257,7 +261,7 @@ class GPT(nn.Module):
 
     def embed(self, idx, start=0, cache=None):
         """The first block's input (B, T, C) for ids idx (B, T) at positions from start, and rope's
-        (cos, sin) for those positions (None with learned positions)."""
+        (cos, sin) there (None for learned positions). With a cache, it keeps idx's last ids."""
         T = idx.size(1)
         x = self.wte(idx)  # (B, T, C)
         # Positions: GPT-2 adds a learned vector to each token; rope turns q and k
@@ -268,8 +272,8 @@ class GPT(nn.Module):
         else:
             x = x + self.wpe.weight[start:start + T]
         if self.bigram is not None:
-            # The token before each: -1 before a window's first, which has none in view,
-            # or the last one a cache read. In int64, as a pair's number may pass 2 ** 31.
+            # The token before each: -1 for a window's first (none in view), or after a cache the
+            # last token it read. In int64, as a pair's number may pass 2 ** 31.
             before = cache.last if start else F.pad(idx, (1, 0), value=-1)[:, :-1]  # (B, T)
             pairs = before.long() * self.config.vocab_size + idx
             # A pair's row is its number modulo the rows; -1's pairs take the table's last rows.
@@ -286,7 +290,8 @@ class GPT(nn.Module):
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Yields each sampled token (B, 1) as it is drawn: temperature 0 is greedy, top_k and top_p
         filter, a seeded torch.Generator repeats a sample."""
-        # Float ids would be cut to integers quietly; ids not (B, T) would fail deep in the model.
+        # Float ids would be cut to integers quietly; ids not (B, T) would fail
+        # deep in the model.
         if idx.is_floating_point() or idx.ndim != 2:
             raise ValueError(f"idx must be integer ids (B, T), not {idx.dtype} {tuple(idx.shape)}")
         # A negative temperature would turn the distribution upside down; NaN fails this too.
@@ -304,16 +309,17 @@ class GPT(nn.Module):
             yield next_id
             context = torch.cat([context, next_id], dim=1)[:, -self.config.block_size:]
             if cache.pos == self.config.block_size:
-                # Past block_size the context slides and cached keys sit at stale
-                # positions: the cache starts again, in the memory it has.
+                # Past block_size the window slides and cached keys sit at the
+                # wrong positions: the cache is emptied, and from here on every
+                # token reads the whole window again.
                 cache.pos = 0
 
 
 def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """A token (B, 1) for logits (B, vocab_size): the likeliest at temperature 0 (the first of any
     tied, with no draw), else drawn from the softmax of logits / temperature, filtered."""
-    # In float32, as bfloat16 ties close logits. Less their max, the logits are at most 0: a tiny
-    # temperature sends them to -inf, not inf (below 1e-30, float32 would round it to 0: NaN).
+    # In float32, as bfloat16 ties close logits. Temperature 0 would make the largest logit
+    # 0 / 0: less their max and over 1e-30, the others go to -inf and the largest stays 0.
     logits = logits.float()
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
     probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
@@ -340,12 +346,13 @@ def filter_logits(logits, top_k=None, top_p=None):
         probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)  # (B, vocab_size) each
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
         drop_sorted[..., 0] = False
-        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, vocab_size), as logits
+        logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
 def get_device(name=None):
-    """The device name ("cuda:1", a torch.device), or for "" or None the best: CUDA, MPS, CPU."""
+    """torch.device(name) for a name such as "cuda:1"; for "" or None the best: CUDA, MPS, CPU."""
     if name:
         return torch.device(name)
     if torch.cuda.is_available():
@@ -364,7 +371,7 @@ def matmul_dtype(device):
     """bfloat16 where device multiplies it in hardware (CUDA; a CPU with AVX512-BF16 or AMX),
     float32 elsewhere, where emulated bfloat16 products run several times slower."""
     if device.type == "cuda":
-        return torch.bfloat16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     cpu = torch.cpu.get_capabilities() if device.type == "cpu" else {}
     native = cpu.get("avx512_bf16", False) or cpu.get("amx_bf16", False)
     return torch.bfloat16 if native else torch.float32
@@ -372,10 +379,10 @@ def matmul_dtype(device):
 
 def newton_schulz(G, steps=5):
     """G (..., rows, cols) made nearly orthogonal, each matrix of a batch alike: its singular values
-    pushed to about 1 (0.7 to 1.2) by an odd polynomial, its singular vectors kept."""
+    pushed toward 1 (0.7 to 1.2, but for those far below the largest), its singular vectors kept."""
     a, b, c = 3.4445, -4.7750, 2.0315
     X = G.to(matmul_dtype(G.device))
-    # Wide: the products then go through the smaller Gram matrix, X X^T.
+    # Worked on wide, so that the Gram matrix X X^T is the smaller one.
     tall = G.size(-2) > G.size(-1)
     X = X.mT if tall else X
     # Scaled to a norm of 1, so that every singular value starts at most 1.
@@ -389,7 +396,7 @@ def newton_schulz(G, steps=5):
 
 class Muon(torch.optim.Optimizer):
     """Muon, for 2-D weights: SGD with Nesterov's momentum, each update orthogonalised so that every
-    direction of a matrix moves alike, and decoupled weight decay (torch.optim.Muon's defaults)."""
+    direction of a matrix moves alike, and decoupled weight decay: torch.optim.Muon's algorithm."""
 
     def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
@@ -398,13 +405,15 @@ class Muon(torch.optim.Optimizer):
     def step(self):
         for group in self.param_groups:
             for p in group["params"]:
-                buffer = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                buffer = self.state[p]["momentum_buffer"]
                 buffer.lerp_(p.grad, 1 - group["momentum"])
                 # Nesterov's look ahead: the gradient, moved toward the momentum.
                 update = newton_schulz(p.grad.lerp(buffer, group["momentum"]))
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                # A tall matrix's orthogonal update is smaller per entry: sqrt(rows
-                # / cols) makes up.
+                # An orthogonal matrix's entries have an RMS of 1/sqrt(max(rows,
+                # cols)): the factor gives a tall one's the size of 1/sqrt(cols).
                 p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
 
@@ -423,13 +432,13 @@ def save_checkpoint(ckpt, path):
 
 
 def load_checkpoint(path, device=None):
-    """The model in eval mode on device, its CharTokenizer (or None), the checkpoint: path's, or
-    path itself, a checkpoint read already."""
+    """(the model in eval mode on device, its CharTokenizer or None, the checkpoint), path a
+    checkpoint's file or a checkpoint read already."""
     ckpt = path
     if not isinstance(path, dict):
         # weights_only: a downloaded checkpoint cannot run code. To the CPU, which always exists.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    # A checkpoint from before the bigram table has none.
+    # A config that names no bigram table is of a model without one.
     model = GPT(GPTConfig(**{"bigram": 0, **ckpt["config"]}))
     model.load_state_dict(ckpt["model"])
     tokenizer = CharTokenizer(ckpt["chars"]) if ckpt.get("chars") else None
@@ -452,7 +461,7 @@ class TrainConfig(GPTConfig):
     warmup_iters: int = option(20, min=0, max=MANY, help="Steps of linear warmup.")
     weight_decay: float = option(0.0, min=0, max=MANY, help="Weight decay, on matrices only.")
     beta2: float = option(0.99, min=0, max=0.9999, help="AdamW's beta2: short for small batches.")
-    optimizer: str = option("muon", choices=("muon", "adamw"), help="Muon and AdamW, or AdamW.")
+    optimizer: str = option("muon", choices=("muon", "adamw"), help="Muon for matrices, or AdamW.")
     muon_lr: float = option(0.01, min=1e-9, max=1, help="Muon's peak learning rate.")
     muon_momentum: float = option(0.95, min=0, max=0.9999, help="Muon's momentum.")
     muon_momentum_start: float = option(0.85, min=0, max=0.9999, help="It rises to muon_momentum.")
@@ -507,7 +516,7 @@ def lr_at(tc, it, elapsed):
     return tc.min_lr + cooldown * (tc.learning_rate - tc.min_lr)
 
 
-def train_step(model, optimizers, batches, grad_clip=0.0, amp=torch.autocast("cpu", enabled=False)):
+def train_step(model, optimizers, batches, grad_clip=0.0, amp=contextlib.nullcontext()):
     """One step of each optimizer on the mean loss of micro-batches [(x, y), ...]; returns it."""
     mean_loss = 0.0
     for x, y in batches:
@@ -537,8 +546,8 @@ MAX_EVAL_TOKENS = 2_000_000
 
 @torch.no_grad()
 def split_loss(model, data, batch_size):
-    """The mean loss of model (in eval mode) over data, every id after the first predicted once, in
-    windows of its context back to back, batch_size a forward: the same for the same weights."""
+    """The mean loss of model (in eval mode) over data cut into back-to-back windows of block_size,
+    batch_size windows a forward: every id but the first predicted once, the same every time."""
     T = model.config.block_size
     device = model.lm_head.weight.device
     total = 0.0
@@ -565,8 +574,8 @@ def token_ids(data, tc, vocab_size):
     ids = data
     if not hasattr(data, "__array__"):
         ids = torch.tensor(data)
-    # Float ids would be cut to integers, and the rows of 2-D ones read as one
-    # sequence. An empty selection (a copy, of no id) tells the type.
+    # Float ids would be cut to integers, and the rows of 2-D ones read as one sequence. ids[[]],
+    # an empty copy, gives the torch dtype of a tensor and of an array alike.
     if ids.ndim != 1 or torch.as_tensor(ids[[]]).dtype not in INTEGERS:
         raise ValueError(f"data must be a text or 1-D integer ids, not {ids.dtype} {ids.shape}")
     # Over 10 x block_size ids, the held-out 10% holds a window and the id after it.
@@ -579,8 +588,8 @@ def token_ids(data, tc, vocab_size):
 
 
 def claim(out_dir, owner=False):
-    """Makes out_dir for a run; a ValueError where another run's checkpoint or train.py's lock is
-    (owner: the caller holds the lock and has checked the checkpoint, as train.py does)."""
+    """Makes out_dir, refused (a ValueError) where another run's checkpoint or train.py's lock is
+    (owner: the caller holds that lock and checked that checkpoint, as train.py does)."""
     os.makedirs(out_dir, exist_ok=True)
     taken = sorted({CHECKPOINT, "train.lock"} & set(os.listdir(out_dir)))
     if taken and not owner:
@@ -704,8 +713,8 @@ class Trainer:
 
 
 def train(tc, data, tokenizer=None, log=print):
-    """Trains a new GPT on data as tc says; returns the model and its evaluations (history)."""
+    """Trains a new GPT on data as tc says; returns it, in eval mode, and its evaluations."""
     trainer = Trainer(tc, data, tokenizer, log=log)
     for _ in trainer.steps():
         pass
-    return trainer.model, trainer.history
+    return trainer.model.eval(), trainer.history

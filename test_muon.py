@@ -48,7 +48,10 @@ def test_gpt_muon_steps_as_torch_muon_does_with_the_products_in_float32(options,
 def test_gpt_muon_takes_the_products_in_the_dtype_matmul_dtype_gives(monkeypatch):
     seen = []
     real = gpt.newton_schulz
-    monkeypatch.setattr(gpt, "newton_schulz", lambda update: seen.append(gpt.matmul_dtype(update.device)) or real(update))
+    def recorded(update):
+        seen.append(gpt.matmul_dtype(update.device))
+        return real(update)
+    monkeypatch.setattr(gpt, "newton_schulz", recorded)
     for dtype in (torch.float32, torch.bfloat16):
         monkeypatch.setattr(gpt, "matmul_dtype", lambda device, dtype=dtype: dtype)
         stepped(gpt.Muon, matrices(), steps=1)
@@ -57,7 +60,9 @@ def test_gpt_muon_takes_the_products_in_the_dtype_matmul_dtype_gives(monkeypatch
 
 
 def test_matmul_dtype_is_bfloat16_where_the_hardware_multiplies_it_and_float32_elsewhere(monkeypatch):
-    assert gpt.matmul_dtype(torch.device("cuda")) == torch.bfloat16
+    for bf16, dtype in ((True, torch.bfloat16), (False, torch.float32)):  # a GPU from before bfloat16: float32
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda bf16=bf16: bf16)
+        assert gpt.matmul_dtype(torch.device("cuda")) == dtype
     assert gpt.matmul_dtype(torch.device("mps")) == torch.float32
     for features, dtype in (({}, torch.float32), ({"avx2": True}, torch.float32),
                             ({"avx512_bf16": True}, torch.bfloat16), ({"amx_bf16": True}, torch.bfloat16)):
