@@ -26,7 +26,7 @@ def test_the_project_speaks_of_itself_alone():
 
 def test_the_readme_is_read_in_five_minutes_and_the_docs_it_links_to_exist():
     readme = Path(HERE, "README.md").read_text(encoding="utf-8")
-    assert len(readme) <= 15_000
+    assert len(readme) <= 10_000
     links = re.findall(r"\]\((docs/[^)]+)\)", readme)
     assert links and all(Path(HERE, link).is_file() for link in links), links
 
