@@ -189,9 +189,13 @@ def recorded_options(ckpt, path, advice):
             continue
         try:
             gpt.check_option(cli.FIELDS[name], value)
-        except ValueError as e:
-            raise ValueError(f"{path} records {name} = {value!r}, which no run could have ({e}): it "
-                             f"is damaged or hand-made; {advice}") from None
+        # OverflowError: an integer too large for a float option (float() cannot take 10 ** 400).
+        except (ValueError, OverflowError) as e:
+            rule = cli.FIELDS[name].metadata
+            reason = f"{name} must be in [{rule['min']}, {rule['max']}]"
+            reason = str(e) if isinstance(e, ValueError) and len(str(e)) <= 100 else reason
+            raise ValueError(f"{path} records {name} = {shown(value)}, which no run could have ({reason}): "
+                             f"it is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
         options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
     # A run recorded before these options goes on as it trained: its embedding at its learning_rate,
@@ -200,6 +204,16 @@ def recorded_options(ckpt, path, advice):
         if before in options and name not in recorded:
             options[name] = options[before]
     return options
+
+
+def shown(value):
+    """value as a message shows it: its repr, or what it is where that would fill the line."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, int):
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{text[:30]}... ({len(text)} characters)"
 
 
 def model_options(block_size, config, given, why, log):

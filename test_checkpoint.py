@@ -109,11 +109,13 @@ def test_optimizer_states_no_step_leaves_are_refused_before_the_first_step(tmp_p
 
 
 @pytest.mark.parametrize("name, value", [("eval_iters", float("nan")), ("eval_iters", 0), ("grad_clip", "1"),
-                                         ("learning_rate", float("inf")), ("bias", 1), ("seed", -1)])
+                                         ("learning_rate", float("inf")), ("bias", 1), ("seed", -1),
+                                         ("max_iters", 10 ** 400), ("learning_rate", 10 ** 400)])  # 401 digits
 def test_a_recorded_option_no_run_could_have_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir,
                                                                                      name, value):
     hand_made(trained_dir, tmp_path / "out", set_in(["train_config", name], value))
-    says = f"ckpt.pt records {name} = {value!r}, which no run could have ({name} must be "  # gpt.py's own rule
+    shown = repr(value) if len(repr(value)) <= 40 else "an integer of 401 digits"
+    says = f"ckpt.pt records {name} = {shown}, which no run could have ({name} must be "  # gpt.py's own rule
     message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
     assert says in message and message.endswith("): it is damaged or hand-made; train without --resume"), message
     message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
@@ -276,3 +278,13 @@ def test_an_old_checkpoint_resumes_to_the_weights_of_the_same_state_in_todays_la
         for i, state in today_kept["state"].items():
             for key, value in state.items():
                 torch.testing.assert_close(kept["state"][i][key], value, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("record", ["uint16", {"read_as": "float32"}, {"bytes": 5}])
+def test_a_damaged_record_of_the_data_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir, record):
+    hand_made(trained_dir, tmp_path / "out", set_in(["data"], record))
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
+    assert f"ckpt.pt records its data as {record!r}: it is damaged or hand-made; train without --resume" in message
+    message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
+                             "--data", str(tmp_path / "data.txt"))
+    assert message.endswith("it is damaged or hand-made; it can still sample, without --report"), message

@@ -92,7 +92,8 @@ def test_ids_outside_the_vocabulary_or_too_large_for_any_are_refused_in_one_line
                                                      "vocabulary of 4,611,686,018,427,387,905, beyond the 1,048,576"),
     (["--data", "MAX_U32.bin", "--dtype", "uint32"], "implies a vocabulary of 4,294,967,296, beyond the 1,048,576"),
     (["--data", "NEGATIVE.bin", "--dtype", "int32", "--vocab_size", "10"], "these go from -1 to 5"),
-    (["--data", "IDS.bin", "--vocab_size", str(10 ** 12)], "argument --vocab_size: vocab_size must be in [1, 1048577)"),
+    (["--data", "IDS.bin", "--vocab_size", str(10 ** 12)],
+     "argument --vocab_size: vocab_size must be in [1, 1048576], not 1000000000000"),
 ])
 def test_token_ids_that_would_build_a_vocabulary_beyond_any_run_are_one_line(tmp_path, capsys, flags, match):
     np.array([0, 5, 2 ** 62] * 1000, dtype=np.int64).tofile(tmp_path / "HUGE_ID.bin")

@@ -154,7 +154,7 @@ def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
 
 @pytest.mark.parametrize("argv, status, says", [
     (["--device", "tpu"], 1, "error: device 'tpu' is unknown or not on this machine"),
-    (["--n_embd", "30", "--n_head", "4"], 1, "error: n_embd must be a multiple of n_head (4), twice for rope"),
+    (["--n_embd", "30", "--n_head", "4"], 1, "error: n_embd must be a multiple of n_head, twice that for rope: 8 here"),
     (["--max_iters", "0"], 2, "error: argument --max_iters: max_iters must be in [1, 1000000000], not 0"),
 ])
 def test_under_torchrun_a_fault_every_process_finds_before_they_join_is_said_once_by_the_first(

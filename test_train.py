@@ -459,7 +459,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--data", "IDS.bin", "--vocab_size", "10"], "must be in [0, 10), the vocabulary; these go from 0 to 3,999"),
     (["--block_size", "5000"], "--block_size 5000 is too long for the 3000 tokens held out"),
     (["--block_size", str(2 ** 20)], "--block_size 1048576 is too long"),  # refused before the model is built
-    (["--n_embd", "30", "--n_head", "4"], "n_embd must be a multiple of n_head (4), twice for rope"),
+    (["--n_embd", "30", "--n_head", "4"], "n_embd must be a multiple of n_head, twice that for rope: 8 here"),
     (["--norm", "batchnorm"], "argument --norm: norm must be one of rmsnorm, layernorm, not 'batchnorm'"),
     (["--optimizer", "sgd"], "argument --optimizer: optimizer must be one of muon, adamw, not 'sgd'"),
     (["--device", "tpu"], "unknown or not on this machine"),
