@@ -300,16 +300,8 @@ def same_file(file, recorded):
 
 
 def record_data(trainer, record):
-    """Makes every checkpoint trainer writes record what its data was (record, data.describe's), beside
-    what gpt.Trainer.save writes: its own keys, through gpt.save_checkpoint."""
-    def save():
-        write = gpt.save_checkpoint
-        gpt.save_checkpoint = lambda ckpt, file: write({**ckpt, "data": record}, file)
-        try:
-            gpt.Trainer.save(trainer)
-        finally:
-            gpt.save_checkpoint = write
-    trainer.save = save
+    """Makes every checkpoint trainer writes record what its data was (record, data.describe's)."""
+    trainer.record["data"] = record
 
 
 # ---------------------------------------------------------------------------------------------- resuming

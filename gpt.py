@@ -44,14 +44,13 @@ def check_option(f, value):
     accepted = {int: numbers.Integral, float: numbers.Real}.get(kind, kind)
     if not isinstance(value, accepted) or isinstance(value, bool) != (kind is bool):
         raise ValueError(f"{f.name} must be of type {kind.__name__}, not {value!r}")
-    value = kind(value)
     rule = f.metadata
     if rule["choices"] and value not in rule["choices"]:
         raise ValueError(f"{f.name} must be one of {', '.join(rule['choices'])}, not {value!r}")
     # A number option has both bounds. NaN fails every comparison, so it fails the rule too.
     if rule["min"] is not None and not rule["min"] <= value <= rule["max"]:
         raise ValueError(f"{f.name} must be in [{rule['min']}, {rule['max']}], not {value!r}")
-    return value
+    return kind(value)
 
 
 @dataclass(frozen=True)
@@ -589,7 +588,9 @@ def token_ids(data, tc, vocab_size):
 
 def claim(out_dir, owner=False):
     """Makes out_dir, refused (a ValueError) where another run's checkpoint or train.py's lock is
-    (owner: the caller holds that lock and checked that checkpoint, as train.py does)."""
+    (owner: the caller holds that lock and checked that checkpoint, as train.py does). "": none."""
+    if not out_dir:
+        return
     os.makedirs(out_dir, exist_ok=True)
     taken = sorted({CHECKPOINT, "train.lock"} & set(os.listdir(out_dir)))
     if taken and not owner:
@@ -602,13 +603,11 @@ class Trainer:
 
     def __init__(self, tc, data, tokenizer=None, model=None, log=print, owner=False):
         if isinstance(data, str):
-            if tokenizer is None:
-                tokenizer = CharTokenizer(data)
+            tokenizer = tokenizer or CharTokenizer(data)
             data = tokenizer.encode(data)
         vocab_size = tc.vocab_size if tokenizer is None else tokenizer.vocab_size
         self.splits = split(token_ids(data, tc, vocab_size))
-        if tc.out_dir:
-            claim(tc.out_dir, owner)
+        claim(tc.out_dir, owner)
         self.tc = tc
         self.log = log
         self.device = get_device(tc.device)
@@ -624,12 +623,14 @@ class Trainer:
         self.amp = autocast(self.device)
         # What the steps run: the model, or what train.py wraps around it (torch.compile, DDP).
         self.wrapped_model = self.model
+        # Where the run stands: its steps, its seconds, the last step's rate and loss, evaluations.
         self.it = 0
         self.elapsed = 0.0
-        # The learning rate and the loss of the last step.
         self.lr = None
         self.loss = None
         self.history = []
+        # More a caller keeps in every checkpoint (train.py: what its data was).
+        self.record = {}
 
     def batch(self, split):
         """A random batch of the split, (x, y), each (batch_size, block_size)."""
@@ -708,7 +709,8 @@ class Trainer:
                     chars=getattr(self.tokenizer, "chars", None),
                     tokenizer=getattr(self.tokenizer, "name", None), history=self.history,
                     optimizers=[o.state_dict() for o in self.optimizers],
-                    rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()})
+                    rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()},
+                    **self.record)
         save_checkpoint(ckpt, os.path.join(self.tc.out_dir, CHECKPOINT))
 
 
