@@ -22,7 +22,6 @@ try:
 except KeyboardInterrupt:
     sys.exit(130)
 
-AT_LEAST_1 = cli.number(int, lambda n: n >= 1, "at least 1")
 # An infinite temperature would flatten every distribution to a uniform draw: no use, and a slip.
 TEMPERATURE = cli.number(float, lambda t: 0 <= t < math.inf, "a finite number of at least 0")
 
@@ -42,9 +41,9 @@ def parse_args(argv=None):
     parser.add_argument("--start", default=None,
                         help="prompt text, or FILE:path to read it from a file (default: a newline, "
                              "else the text's first character)")
-    parser.add_argument("--num_samples", type=AT_LEAST_1,
+    parser.add_argument("--num_samples", type=cli.AT_LEAST_1,
                         help=f"samples to draw (default: {SAMPLING['num_samples']})")
-    parser.add_argument("--max_new_tokens", type=AT_LEAST_1,
+    parser.add_argument("--max_new_tokens", type=cli.AT_LEAST_1,
                         help=f"tokens per sample: characters, for a character model (default: "
                              f"{SAMPLING['max_new_tokens']})")
     # The sampling arguments' limits are gpt.GPT.stream's, which refuses what they do not take.

@@ -67,7 +67,7 @@ def parse_args(argv=None):
                         help="continue from out_dir/ckpt.pt with its model, characters, seed and "
                              "options; other options given replace those it recorded (default: "
                              "%(default)s)")
-    parser.add_argument("--log_interval", type=cli.number(int, lambda n: n >= 1, "at least 1"),
+    parser.add_argument("--log_interval", type=cli.AT_LEAST_1,
                         default=100, help="print progress every this many steps (default: %(default)s)")
     parser.add_argument("--compile", default=False, **cli.FLAG,
                         help="torch.compile the model: steps about a quarter faster on a 2-core CPU, "
