@@ -216,7 +216,7 @@ def test_every_option_of_the_wrong_type_or_outside_its_range_is_refused_by_name(
     (dict(learning_rate=1e-4), r"min_lr must be at most learning_rate \(0.0001\)"),  # a rising schedule
     (dict(learning_rate=math.nan), r"learning_rate must be in \[1e-09, 1\], not nan$"),
     (dict(learning_rate=0.0), r"learning_rate must be in \[1e-09, 1\], not 0.0$"),  # the schedule divides by it
-    (dict(muon_lr=0), r"muon_lr must be in \[1e-09, 1\], not 0.0$"),
+    (dict(muon_lr=0), r"muon_lr must be in \[1e-09, 1\], not 0$"),
     (dict(max_time=math.inf), r"max_time must be in \[0, 1000000000\], not inf$"),  # a loop that never ends
     (dict(grad_clip=-1.0), r"grad_clip must be in \[0, 1000000000\], not -1.0$"),  # today: a step against the gradient
     (dict(dropout=1.0), r"dropout must be in \[0, 0.99\], not 1.0$"),
