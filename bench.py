@@ -698,8 +698,10 @@ CANDIDATES = {
     "AdamW at 6e-3": Setting(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
     "Muon's momentum flat": Setting(changes=dict(muon_momentum_start=0.95)),
 }
-# train.py's step and the step of a copy of gpt.py alone (gpt.train(tc, text): gpt.Muon, a matrix at a time).
-COPIER = {"train.py (muon.batched)": Setting(), "gpt.train (gpt.Muon)": Setting(batched=False)}
+# train.py's step and the step of a copy of gpt.py alone (gpt.train(tc, text): gpt.Muon, a matrix at a time), and
+# AdamW alone, the bar the copier's default must clear at equal time.
+COPIER = {"train.py (muon.batched)": Setting(), "gpt.train (gpt.Muon)": Setting(batched=False),
+          "gpt.train, AdamW alone": Setting(changes=dict(optimizer="adamw"), batched=False)}
 # Each harness's flag: its settings and how many rounds it trains them by default.
 HARNESSES = {"optimizers": (OPTIMIZERS, 1), "variants": (VARIANTS, 2), "candidates": (CANDIDATES, 3),
              "copier": (COPIER, 3)}

@@ -278,23 +278,25 @@ def test_the_copiers_row_is_gpt_train_and_train_pys_row_the_same_step_batched(tm
     for name, setting in bench.COPIER.items():
         trainer, run = bench.train_setting(setting, 1.0, ids, tokenizer, **options)
         trained[name] = trainer.model.state_dict()
-        assert run["iters"] == 3 and [type(o) for o in trainer.optimizers][-1] is (
-            gpt.Muon if name.startswith("gpt.train") else muon.BatchedMuon)
+        last = {"train.py (muon.batched)": muon.BatchedMuon, "gpt.train (gpt.Muon)": gpt.Muon,
+                "gpt.train, AdamW alone": torch.optim.AdamW}[name]
+        assert run["iters"] == 3 and [type(o) for o in trainer.optimizers][-1] is last
     for name, p in expected.state_dict().items():
         assert torch.equal(trained["gpt.train (gpt.Muon)"][name], p), name
         torch.testing.assert_close(trained["train.py (muon.batched)"][name], p, rtol=0.02, atol=1e-3)
 
 
-def test_bench_copier_prints_both_rows_with_steps_a_second_val_loss_and_the_dtype(tmp_path, capsys):
+def test_bench_copier_prints_its_rows_with_steps_a_second_val_loss_and_the_dtype(tmp_path, capsys):
     (tmp_path / "text.txt").write_text(TEXT[:6000], encoding="utf-8")
     bench.main(["--copier", "0.5", "--runs", "1", "--data", str(tmp_path / "text.txt"), "--set", "n_layer=1",
                 "--set", "n_embd=16", "--set", "n_head=2", "--set", "block_size=16"])
     out = capsys.readouterr().out
     dtype = str(gpt.matmul_dtype(torch.device("cpu")))[6:]
-    for name in ("train.py (muon.batched)", "gpt.train (gpt.Muon)"):
-        assert re.search(rf"^  round 1 {re.escape(name)} +\d+ steps +\d+\.\d\d steps/s  Muon's products {dtype} +val "
-                         rf"loss \d\.\d{{4}}$", out, re.M), out
-        assert re.search(rf"^  {re.escape(name)} +\d+\.\d\d steps/s  Muon's products {dtype} +mean val loss "
+    for name, products in (("train.py (muon.batched)", dtype), ("gpt.train (gpt.Muon)", dtype),
+                           ("gpt.train, AdamW alone", "no Muon")):
+        assert re.search(rf"^  round 1 {re.escape(name)} +\d+ steps +\d+\.\d\d steps/s  Muon's products {products} +"
+                         rf"val loss \d\.\d{{4}}$", out, re.M), out
+        assert re.search(rf"^  {re.escape(name)} +\d+\.\d\d steps/s  Muon's products {products} +mean val loss "
                          rf"\d\.\d{{4}}", out, re.M), out
     assert re.search(r"mean val loss \d\.\d{4}, minus train.py \(muon.batched\)'s [+-]\d\.\d{4}$", out, re.M), out
 
