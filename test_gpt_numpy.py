@@ -2,8 +2,11 @@
 workbook and demo.
 Its agreement with PyTorch is in test_gpt.py.
 """
+import concurrent.futures
 import importlib.util
 import json
+import multiprocessing
+import tempfile
 import math
 import ast
 import fnmatch
@@ -25,6 +28,34 @@ import gpt_numpy
 import workbook
 from conftest import (HERE, TINY, TEXT, HANG, run_cli, interrupted, fixture_weights, fixture_logits, TWIN_CONFIGS,
                       twin_pair, zero_gradient)
+
+
+def run_main(capsys, *args, twin=gpt_numpy):
+    """workbook.main(args) on twin in this process, as python gpt_numpy.py args would run it: its exit status,
+    stdout and stderr (a sys.exit message printed to stderr, exit status 1, as Python does)."""
+    try:
+        workbook.main(list(args), twin=twin)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        code, err = 1, err + code + "\n"
+    return subprocess.CompletedProcess(args, code or 0, out, err)
+
+
+@pytest.fixture(scope="module")
+def reference_table():
+    """The lines of the whole check table of gpt_numpy.py as it is, and whether it passed."""
+    lines = []
+    return workbook.check(log=lines.append), tuple(lines)
+
+
+@pytest.fixture(scope="module")
+def reference_models():
+    """The lines of --check model of gpt_numpy.py as it is, and whether it passed."""
+    lines = []
+    return workbook.check(log=lines.append, only="model"), tuple(lines)
 
 
 # ---------------------------------------------------------------------------------------------------- the twin
@@ -213,9 +244,9 @@ def test_the_keys_bias_has_a_gradient_of_zero_with_learned_positions_and_not_wit
 
 
 # ---------------------------------------------------------------------------------------------------- the check table
-def test_the_gradient_check_passes_on_the_twin_and_names_every_layer():
-    lines = []
-    assert workbook.check(log=lines.append)
+def test_the_gradient_check_passes_on_the_twin_and_names_every_layer(reference_table):
+    passed, lines = reference_table
+    assert passed
     table = "\n".join(lines)
     for layer in ("crossentropy", "linear", "layernorm", "rmsnorm", "gelu", "swiglu", "attention", "attention, rope",
                   "softmax", "rope", "embedding", "model (gpt2): h.1.mlp.c_fc.bias", "model (llama): lm_head.weight",
@@ -247,7 +278,9 @@ def swiglu_without_the_gates_sigmoid(dout, saved):
 def test_a_broken_backward_makes_the_check_fail_and_names_its_layer(monkeypatch, name, broken, first_wrong):
     monkeypatch.setattr(gpt_numpy, name, broken)
     lines = []
-    assert not workbook.check(log=lines.append)
+    # The layer's rows and those of the layers that call it (rope's, attention's after it); the models' rows turn
+    # in the workbook's exercises.
+    assert not workbook.check(log=lines.append, only=name[:-len("_backward")], models=False)
     assert re.search(f"WRONG, 0 ERROR: first {re.escape(first_wrong)}$", lines[-1]), lines[-1]
 
 
@@ -281,7 +314,8 @@ def imported(path):
     """The Python file at path, imported as a module of its own."""
     spec = importlib.util.spec_from_file_location(f"twin_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # From its text as it is now: a bytecode cache of a rewrite of the same size in the same second would be stale.
+    exec(compile(Path(path).read_text(encoding="utf-8"), str(path), "exec"), module.__dict__)
     return module
 
 
@@ -310,16 +344,16 @@ def broken_twin(tmp_path, change, to):
     ("    return weight[idx], (idx, weight.shape)", "    return weight[idx] * np.nan, (idx, weight.shape)",
      "embedding: dweight                                      inf  WRONG"),  # the reference is NaN: not ok either
 ])
-def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_its_end(tmp_path, change, to, says):
+def test_a_backward_that_raises_or_turns_nan_is_a_row_and_the_table_goes_on_to_its_end(tmp_path, capsys, change, to,
+                                                                                      says):
     twin = broken_twin(tmp_path, change, to)
-    lines = []
-    assert not workbook.check(log=lines.append, twin=twin)
+    # python broken_twin.py --check: a raise or a NaN ends in no traceback, and the check fails.
+    done = run_main(capsys, "--check", twin=twin)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
     assert "model (llama): " in lines[-2] and any(line.startswith("embedding: ") for line in lines), lines  # to the end
     assert re.fullmatch(r"\d+ ok, \d+ WRONG, \d+ ERROR: first .+", lines[-1]) and not lines[-1].startswith("83 ok")
     assert says is None or any(says in line for line in lines), lines
-    if says is None or "ERROR" in says:  # from the command line too: a raise or a NaN in a model, no traceback
-        done = run_cli(str(tmp_path / "broken_twin.py"), "--check")
-        assert done.returncode == 1 and "Traceback" not in done.stderr and done.stdout.count("\n") >= 12, done.stderr
 
 
 def test_check_layer_answers_as_the_table_does():
@@ -350,9 +384,9 @@ def test_check_runs_where_torch_cannot_be_imported():
         assert closed.wait(timeout=HANG) in (0, 141) and closed.stderr.read() == b""
 
 
-def test_the_check_has_a_row_for_each_input_and_each_weight_and_every_one_is_ok():
-    lines = []
-    assert workbook.check(log=lines.append)
+def test_the_check_has_a_row_for_each_input_and_each_weight_and_every_one_is_ok(reference_table):
+    passed, lines = reference_table
+    assert passed
     rows = verdicts(lines)
     assert set(rows.values()) == {"ok"} and lines[-1] == f"{len(rows)} ok, 0 WRONG, 0 ERROR"
     for name in ("swiglu: dgate", "swiglu: dup", "attention: dq", "attention: dk", "attention: dv",
@@ -411,7 +445,7 @@ def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches
 def test_a_wrong_row_says_its_constant_factor_or_where_it_differs(monkeypatch, name, broken, says):
     monkeypatch.setattr(gpt_numpy, name, broken)
     lines = []
-    assert not workbook.check(log=lines.append)
+    assert not workbook.check(log=lines.append, only=name[:-len("_backward")], models=False)  # the layer's rows
     assert any(re.search(says, row) for row in lines), "\n".join(lines)
 
 
@@ -580,8 +614,8 @@ def test_the_tables_row_turns_for_a_layer_that_scales_dout_in_place(monkeypatch,
 
     monkeypatch.setattr(gpt_numpy, name, scales_dout)
     lines = []
-    assert not workbook.check(log=lines.append)
     layer = name[:-len("_backward")]
+    assert not workbook.check(log=lines.append, only=layer, models=False)
     assert verdicts(lines)[f"{layer}: dx"] == "WRONG"
 
 
@@ -589,7 +623,7 @@ def test_the_tables_row_turns_for_a_layer_that_scales_dout_in_place(monkeypatch,
 HEAD = '        dh = back("lm_head", linear_backward, dlogits, params=self.head)  # (B, T, C)\n'
 
 
-def test_a_slip_in_one_row_of_one_tensor_turns_that_tensor_alone_and_says_the_row(tmp_path):
+def test_a_slip_in_one_row_of_one_tensor_turns_that_tensor_alone_and_says_the_row(tmp_path, reference_models):
     twin = broken_twin(tmp_path, HEAD, HEAD + '        grads[self.head + ".weight"][2] *= 2\n')
     lines = []
     assert not workbook.check(log=lines.append, twin=twin)
@@ -597,13 +631,18 @@ def test_a_slip_in_one_row_of_one_tensor_turns_that_tensor_alone_and_says_the_ro
                                                                     "model (llama): lm_head.weight"}
     assert re.search(r"model \(llama\): lm_head.weight .* WRONG  rows 2 of 7 differ, the most at \[2, \d\]: ours "
                      r"-?[\d.]+ vs finite differences -?[\d.]+$", "\n".join(lines), re.M), lines
-    lines = []
-    assert workbook.check(log=lines.append, only="model")  # the right one passes
+    assert reference_models[0]  # the right one passes
+
+
+@pytest.fixture(scope="module")
+def right_llama_rows():
+    """The rows of check_model for the Llama block of gpt_numpy.py as it is, on the inputs of seed 0."""
+    return tuple(workbook.check_model("llama", workbook.LLAMA, np.random.default_rng(0)))
 
 
 @pytest.mark.parametrize("name, entry", [("lm_head.weight", (6, 7)), ("h.0.mlp.c_fc.weight", (63, 0)),
                                          ("h.1.ln_2.weight", (5,)), ("bigram.weight", (9, 3))])
-def test_a_slip_in_any_one_entry_of_a_model_gradient_is_wrong(monkeypatch, name, entry):
+def test_a_slip_in_any_one_entry_of_a_model_gradient_is_wrong(monkeypatch, right_llama_rows, name, entry):
     right = gpt_numpy.GPT.backward
 
     def off_at_one_entry(self, activations=False):
@@ -614,8 +653,7 @@ def test_a_slip_in_any_one_entry_of_a_model_gradient_is_wrong(monkeypatch, name,
     monkeypatch.setattr(gpt_numpy.GPT, "backward", off_at_one_entry)
     rows = workbook.check_model("llama", workbook.LLAMA, np.random.default_rng(0))
     assert [row.name for row in rows if row.verdict != "ok"] == [f"model (llama): {name}"], rows
-    monkeypatch.setattr(gpt_numpy.GPT, "backward", right)
-    assert all(row.verdict == "ok" for row in workbook.check_model("llama", workbook.LLAMA, np.random.default_rng(0)))
+    assert all(row.verdict == "ok" for row in right_llama_rows)  # the right one, on the same inputs, passes
 
 
 @pytest.mark.parametrize("change, to, wrong", [
@@ -693,7 +731,7 @@ def test_a_missing_or_unexpected_gradient_is_named_and_the_other_rows_still_chec
 
 
 def test_a_misspelt_or_missing_model_gradient_is_a_row_naming_it_and_the_other_tensors_still_checked(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, reference_models):
     slip = 'grads["wte.wieght"] += embedding_backward(dx, self.saved["wte"])[1]["weight"]'
     twin = broken_twin(tmp_path, '        back("wte", embedding_backward, dx)\n', f"        {slip}\n")
     lines = []
@@ -718,10 +756,10 @@ def test_a_misspelt_or_missing_model_gradient_is_a_row_naming_it_and_the_other_t
         assert bad == {"model (llama): lm_head.weight": "ERROR"}, bad  # gpt2 ties it to wte: no lm_head
         assert any(line.endswith(f"no gradient for lm_head.weight; {says}") for line in lines), lines
         monkeypatch.undo()
-    assert workbook.check(log=[].append, only="model")
+    assert reference_models[0]
 
 
-def test_intermediates_show_the_slipped_layers_gradient_first_to_differ(tmp_path, twin_dir):
+def test_intermediates_show_the_slipped_layers_gradient_first_to_differ(tmp_path, twin_dir, capsys):
     lines = []
     assert workbook.intermediates("gpt2", workbook.GPT2, log=lines.append) is None
     said = [line.split()[:3] for line in lines[1:-1]]
@@ -741,15 +779,15 @@ def test_intermediates_show_the_slipped_layers_gradient_first_to_differ(tmp_path
     first = verdicts_.index("DIFFERS")
     assert lines[1 + first].split()[:2] == ["h.1.mlp.act:", "dx"] and set(verdicts_[:first]) == {"exact"}
     assert lines[-1] == "first to differ: h.1.mlp.act: dx"
-    # From the command line, beside the table; the slip fails it, the reference passes.
+    # From the command line (its main, run here), beside the table; the slip fails it, the reference passes.
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
     (twin_dir / "exercise_19.py").write_text(source.replace(slip[0], slip[2]), encoding="utf-8")
-    done = run_cli("exercise_19.py", "--check", "gelu", "--intermediates", cwd=twin_dir)
+    done = run_main(capsys, "--check", "gelu", "--intermediates", twin=imported(twin_dir / "exercise_19.py"))
     assert done.returncode == 1 and "first to differ: h.1.mlp.act: dx" in done.stdout, done.stdout
     assert "intermediates (llama)" not in done.stdout  # gelu's check runs the GPT-2 model alone
-    done = run_cli("gpt_numpy.py", "--check", "model", "--intermediates", cwd=twin_dir)
+    done = run_main(capsys, "--check", "model", "--intermediates")
     assert done.returncode == 0 and done.stdout.count("every intermediate exact or close") == 2, done.stdout
-    done = run_cli("gpt_numpy.py", "--intermediates", cwd=twin_dir)
+    done = run_main(capsys, "--intermediates")
     assert done.returncode == 2 and "--intermediates goes with --check" in done.stderr
 
 
@@ -777,9 +815,10 @@ def test_a_swap_is_named_in_a_layer_and_in_the_model(tmp_path, monkeypatch):
         said[0].endswith("its values are h.1.attn.c_k.weight's gradient: the two are swapped"), lines
 
 
-def test_the_model_rows_go_from_the_loss_back_so_the_summary_names_the_wrong_tensor_nearest_it(tmp_path):
-    lines = []
-    assert workbook.check(log=lines.append, only="model")
+def test_the_model_rows_go_from_the_loss_back_so_the_summary_names_the_wrong_tensor_nearest_it(tmp_path,
+                                                                                             reference_models):
+    passed, lines = reference_models
+    assert passed
     tensors = [name[len("model (llama): "):] for name in verdicts(lines) if name.startswith("model (llama): ")]
     assert tensors[:3] == ["lm_head.weight", "ln_f.weight", "h.1.mlp.c_proj.weight"] and tensors[-1] == "wte.weight"
     assert set(tensors) == set(gpt_numpy.init_params(workbook.model_config(gpt_numpy, LLAMA)))
@@ -821,13 +860,26 @@ def turning(said, tensors):
     return set(tensors) - named if said.startswith("all but ") else named
 
 
-def test_every_exercise_of_the_workbook_turns_the_rows_and_tensors_its_answer_names(tmp_path):
+def broken_table(change_to):
+    """Whether the whole check passes on gpt_numpy.py with one line changed, and the lines of its table."""
+    with tempfile.TemporaryDirectory() as folder:
+        lines = []
+        return workbook.check(log=lines.append, twin=broken_twin(Path(folder), *change_to)), lines
+
+
+def broken_tables(changes):
+    """broken_table of each (change, to), the checks run side by side on the CPU's cores."""
+    workers = min(2, os.cpu_count() or 1, len(changes))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(broken_table, changes))
+
+
+def test_every_exercise_of_the_workbook_turns_the_rows_and_tensors_its_answer_names():
     exercises = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" not in ex]
     assert len(exercises) >= 18
-    for number, exercise in exercises:
-        twin = broken_twin(tmp_path, exercise["change"], exercise["to"])
-        lines = []
-        assert not workbook.check(log=lines.append, twin=twin), number
+    tables = broken_tables([(ex["change"], ex["to"]) for _, ex in exercises])
+    for (number, exercise), (passed, lines) in zip(exercises, tables):
+        assert not passed, number
         assert check_rows(lines) == (exercise["rows"], exercise["models"]), (number, exercise["title"])
         answer = workbook.exercise_text(number, answer=True)
         assert all(name in answer for name in [*exercise["rows"], *exercise["models"]]), answer
@@ -908,12 +960,22 @@ def test_the_exercise_file_holds_no_line_of_the_blanked_body_nor_its_derivation(
     assert leaked(source, kept.replace("def rope_tables", line + "def rope_tables"), ["rmsnorm_backward"])
 
 
-def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_answer_passes(tmp_path):
-    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
-    twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
+def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_answer_passes():
     writes = [(number, ex) for number, ex in enumerate(workbook.exercises(), 1) if "check" in ex and "lines" not in ex]
     assert [ex["function"] for _, ex in writes] == list(WRONG_ANSWERS)  # every backward, the model's last
-    for number, ex in writes:
+    # Each exercise in a folder of its own, side by side on the CPU's cores; a failed assert fails the test.
+    workers = min(2, os.cpu_count() or 1)
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        assert list(pool.map(write_exercise_graded, writes)) == [True] * len(writes)
+
+
+def write_exercise_graded(number_ex):
+    """Write exercise number: blanked, graded unwritten, with its answer and with a wrong answer (asserts each)."""
+    number, ex = number_ex
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory() as folder:
+        tmp_path = Path(folder)
+        twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
         path, made = workbook.start_exercise(number, twin)
         assert made and path == str(tmp_path / f"exercise_{number}.py")
         blank = on_disk = Path(path).read_text(encoding="utf-8")
@@ -952,6 +1014,7 @@ def test_a_write_exercise_blanks_a_body_its_check_grades_the_learners_and_the_an
         # The learner's work is never written over.
         assert workbook.start_exercise(number, twin) == (path, False)
         assert body.replace(change, to) in Path(path).read_text(encoding="utf-8")
+    return True
 
 
 # Each stage of attention's backward: the line that sets it, a slip in it and the first row that turns, a right line
@@ -1127,11 +1190,19 @@ def assert_one_line(done, *says, code=1):
     assert "Traceback" not in done.stderr and all(s in done.stderr for s in says), done.stderr
 
 
-def test_a_missing_workbook_is_one_line_naming_it_in_every_mode_that_reads_it(twin_dir):
-    workbook = str(twin_dir / "workbook.json")
+def beside(monkeypatch, folder):
+    """workbook, in this process, reading the workbook.json in folder, as a copy of workbook.py there does."""
+    monkeypatch.setattr(workbook, "HERE", str(folder))
+
+
+def test_a_missing_workbook_is_one_line_naming_it_in_every_mode_that_reads_it(twin_dir, capsys, monkeypatch):
+    path = str(twin_dir / "workbook.json")
+    says = (f"cannot read the workbook {path} (it is missing)", "put back the workbook.json")
+    assert_one_line(run_cli("gpt_numpy.py", "--exercise", "list", cwd=twin_dir), *says)  # from the command line
+    beside(monkeypatch, twin_dir)
     for args in (["--exercise", "list"], ["--exercise", "1"], ["--exercise", "1", "--answer"]):
-        done = run_cli("gpt_numpy.py", *args, cwd=twin_dir)
-        assert_one_line(done, f"cannot read the workbook {workbook} (it is missing)", "put back the workbook.json")
+        done = run_main(capsys, *args)
+        assert_one_line(done, *says)
         assert "cannot write" not in done.stderr
 
 
@@ -1171,15 +1242,15 @@ WORKBOOK = Path(HERE, "workbook.json").read_bytes()
     pytest.param(changed(5, "models", {"gpt2": "wrong"}), "gives gpt2 the verdict 'wrong', not \"WRONG\" or \"ERROR\"",
                  id="verdict"),
 ])
-def test_a_bad_workbook_is_one_line_naming_it_and_what_is_wrong(twin_dir, content, says):
-    workbook = twin_dir / "workbook.json"
+def test_a_bad_workbook_is_one_line_naming_it_and_what_is_wrong(tmp_path, capsys, monkeypatch, content, says):
+    path = tmp_path / "workbook.json"
     if content == "FOLDER":
-        workbook.mkdir()
+        path.mkdir()
     else:
-        workbook.write_bytes(content)
+        path.write_bytes(content)
+    beside(monkeypatch, tmp_path)
     for args in (["--exercise", "list"], ["--exercise", "2", "--answer"]):
-        done = run_cli("gpt_numpy.py", *args, cwd=twin_dir)
-        assert_one_line(done, f"the workbook {workbook}", says, "put back the workbook.json")
+        assert_one_line(run_main(capsys, *args), f"the workbook {path}", says, "put back the workbook.json")
 
 
 def test_the_workbook_as_it_comes_passes_its_own_shape_check():
@@ -1259,22 +1330,21 @@ def test_an_exercise_started_from_another_folder_prints_a_command_that_runs_ther
 
 
 def test_train_runs_the_learners_backward_beside_the_references_and_fails_where_its_loss_does_not_fall(
-        twin_dir):
-    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+        twin_dir, capsys):
     source = (twin_dir / "gpt_numpy.py").read_text(encoding="utf-8")
     copy = twin_dir / "exercise_23.py"
     copy.write_text(source, encoding="utf-8")  # cross-entropy's body written right
-    done = run_cli("exercise_23.py", "--train", cwd=twin_dir)
+    done = run_main(capsys, "--train", twin=imported(copy))  # python exercise_23.py --train, run here
     assert done.returncode == 0 and done.stderr == "", done.stderr
     steps = re.findall(r"step +(\d+): loss yours (\d\.\d+), reference (\d\.\d+)", done.stdout)
     assert len(steps) >= 10 and all(yours == ref for _, yours, ref in steps), done.stdout  # the same, step for step
     assert float(steps[-1][2]) < 0.5 * float(steps[0][2]) and "gpt2: your gradients train" in done.stdout
     copy.write_text(source.replace("(probs - onehot)", "(onehot - probs)"), encoding="utf-8")  # the sign
-    done = run_cli("exercise_23.py", "--train", cwd=twin_dir)
+    done = run_main(capsys, "--train", twin=imported(copy))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert re.search(r"gpt2: your loss did not fall with the reference's \(\d\.\d+ to \d+\.\d+, where the "
                      r"reference's fell to \d\.\d+\): --check crossentropy says where", done.stdout), done.stdout
-    assert_one_line(run_cli("exercise_23.py", "--train", "--check", cwd=twin_dir), "--check and --train are two modes",
+    assert_one_line(run_main(capsys, "--train", "--check", twin=imported(copy)), "--check and --train are two modes",
                     code=2)
 
 
@@ -1285,7 +1355,7 @@ def test_train_runs_the_learners_backward_beside_the_references_and_fails_where_
     (b"\0" * 2000 + TEXT[:2000].encode(), "holds NUL bytes, so it is binary data, not a text"),  # valid UTF-8
     (b"", "has 0 characters"), (b"a", "has 1 characters"), (b"hello world", "has 11 characters"),
 ], ids=["missing", "folder", "device", "binary", "NULs", "empty", "one character", "eleven characters"])
-def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, content, match):
+def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, capsys, content, match):
     path = tmp_path / "text"
     if content == "/dev/zero":
         path = content
@@ -1293,14 +1363,14 @@ def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, co
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)
-    done = run_cli("gpt_numpy.py", str(path), "--seconds", "30")
+    done = run_main(capsys, str(path), "--seconds", "30")
     assert done.returncode == 1 and done.stdout == "" and done.stderr.count("\n") == 1 and match in done.stderr, \
         done.stderr
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "0", "-1"])
-def test_the_twin_demo_refuses_seconds_that_are_not_a_positive_number(bad):
-    refused = run_cli("gpt_numpy.py", "--seconds", bad)
+def test_the_twin_demo_refuses_seconds_that_are_not_a_positive_number(capsys, bad):
+    refused = run_main(capsys, "--seconds", bad)
     assert refused.returncode == 2 and "argument --seconds: " in refused.stderr and refused.stdout == ""
 
 
@@ -1312,11 +1382,11 @@ def test_ctrl_c_ends_the_twin_demo_early_and_it_still_shows_what_it_learned(tmp_
                      out, re.S), out
 
 
-def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
+def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path, capsys):
     (tmp_path / "text").write_text(TEXT[:3000].replace("\n", " "), encoding="utf-8")
-    done = run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "1")  # its last step ends past 1 s: a line
+    done = run_main(capsys, str(tmp_path / "text"), "--seconds", "1")  # its last step ends past 1 s: a line
     assert done.returncode == 0, done.stderr
-    assert run_cli("gpt_numpy.py", str(tmp_path / "text"), "--seconds", "1e-9").returncode == 0  # one step at least
+    assert run_main(capsys, str(tmp_path / "text"), "--seconds", "1e-9").returncode == 0  # one step at least
     out = done.stdout
     assert re.search(r"untrained, it writes: (['\"]).+\1\nstep 0: loss (\d\.\d+) \(a model that knows nothing scores "
                      r"ln\(\d+\) = \d\.\d+\)", out), out
@@ -1324,14 +1394,14 @@ def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path):
     assert re.search(r"after \d+ steps at \d+ ms/step: val loss \d\.\d+\nsample:\n.{20}", out, re.S), out
 
 
-def test_a_mode_refuses_an_input_it_would_ignore(twin_dir):
+def test_a_mode_refuses_an_input_it_would_ignore(capsys):
     for args, says in ((["--check", "input.txt"], "--check trains nothing"),
                        (["--exercise", "1", "--seconds", "5"], "--exercise trains nothing"),
                        (["--check", "--exercise", "1"], "--check and --exercise are two modes: give one")):
-        assert_one_line(run_cli("gpt_numpy.py", *args, cwd=twin_dir), says, code=2)
+        assert_one_line(run_main(capsys, *args), says, code=2)
 
 
-def test_a_text_that_is_a_pipe_or_a_broken_link_is_one_line(twin_dir):
+def test_a_text_that_is_a_pipe_or_a_broken_link_is_one_line(twin_dir, capsys):
     pipe = twin_dir / "pipe"
     os.mkfifo(pipe)
     link = twin_dir / "link"
@@ -1339,8 +1409,7 @@ def test_a_text_that_is_a_pipe_or_a_broken_link_is_one_line(twin_dir):
     cut = twin_dir / "cut"
     cut.write_bytes("é".encode() * 2000 + "é".encode()[:1])  # its last character cut in half
     for path, says in ((pipe, "it is not a file"), (link, "there is no such file"), (cut, "it is not UTF-8 text")):
-        done = run_cli("gpt_numpy.py", str(path), "--seconds", "1", cwd=twin_dir)
-        assert_one_line(done, f"cannot read {path} ({says})")
+        assert_one_line(run_main(capsys, str(path), "--seconds", "1"), f"cannot read {path} ({says})")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and sets RLIMIT_AS")
