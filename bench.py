@@ -159,7 +159,7 @@ def bench_training(device, peaks, bf16):
 def muon_matrices(optimizer):
     """What one Muon step orthogonalises, read from its parameters: the matrices by shape, and the products of
     gpt.newton_schulz's iterations, one matrix at a time and with the matrices of a shape (tall ones turned wide)
-    as one batch, as muon.orthogonalize takes them."""
+    as one batch, as muon.orthogonalize takes them (gpt.Muon batches by shape, tall and wide apart)."""
     shapes = collections.Counter(tuple(p.shape) for group in optimizer.param_groups for p in group["params"])
     wide = {(min(shape), max(shape)) for shape in shapes}
     steps = inspect.signature(gpt.newton_schulz).parameters["steps"].default
@@ -170,9 +170,8 @@ def muon_matrices(optimizer):
 
 
 def bench_muon(device, rounds=5):
-    """ms per Muon step on the blocks' matrices of the default model: gpt.Muon's, one matrix at a time (a copy of
-    gpt.py alone steps so), and muon.BatchedMuon's as train.py takes it, the matrices of a shape as one batch;
-    interleaved. Also what the step orthogonalises (muon_matrices)."""
+    """ms per Muon step on the blocks' matrices of the default model: gpt.Muon's (a copy of gpt.py alone steps so)
+    and muon.BatchedMuon's as train.py takes it; interleaved. Also what the step orthogonalises (muon_matrices)."""
     tc = gpt.TrainConfig(optimizer="muon")
     steps = {}
     for name in ("gpt.Muon", "muon.BatchedMuon"):
@@ -698,7 +697,7 @@ CANDIDATES = {
     "AdamW at 6e-3": Setting(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
     "Muon's momentum flat": Setting(changes=dict(muon_momentum_start=0.95)),
 }
-# train.py's step and the step of a copy of gpt.py alone (gpt.train(tc, text): gpt.Muon, a matrix at a time), and
+# train.py's step and the step of a copy of gpt.py alone (gpt.train(tc, text): gpt.Muon), and
 # AdamW alone, the bar the copier's default must clear at equal time.
 COPIER = {"train.py (muon.batched)": Setting(), "gpt.train (gpt.Muon)": Setting(batched=False),
           "gpt.train, AdamW alone": Setting(changes=dict(optimizer="adamw"), batched=False)}

@@ -403,17 +403,24 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
+            # The matrices of one shape are orthogonalised as one batch: their small products one
+            # at a time would leave the CPU waiting on each.
+            by_shape = {}
             for p in group["params"]:
                 if "momentum_buffer" not in self.state[p]:
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p)
                 buffer = self.state[p]["momentum_buffer"]
                 buffer.lerp_(p.grad, 1 - group["momentum"])
                 # Nesterov's look ahead: the gradient, moved toward the momentum.
-                update = newton_schulz(p.grad.lerp(buffer, group["momentum"]))
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                # An orthogonal matrix's entries have an RMS of 1/sqrt(max(rows,
-                # cols)): the factor gives a tall one's the size of 1/sqrt(cols).
-                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
+                update = p.grad.lerp(buffer, group["momentum"])
+                by_shape.setdefault(p.shape, []).append((p, update))
+            for pairs in by_shape.values():
+                updates = newton_schulz(torch.stack([u for _, u in pairs]))  # (n, rows, cols)
+                for (p, _), update in zip(pairs, updates):
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                    # An orthogonal matrix's entries have an RMS of 1/sqrt(max(rows, cols)): the
+                    # factor gives a tall one's the size of 1/sqrt(cols).
+                    p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
 
 # A run's checkpoint in its out_dir.

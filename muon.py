@@ -1,15 +1,12 @@
-"""gpt.Muon's step, faster: the Newton-Schulz iterations of all the matrices of one shape run as
-one batch. train.py and bench.py step with it; a copy of gpt.py alone steps with gpt.Muon.
+"""train.py's Muon step: gpt.Muon's update, through the same gpt.newton_schulz in the same dtype
+(gpt.matmul_dtype), with the momentum of every matrix stepped at once (torch's foreach ops) and the
+tall matrices turned wide to join the wide ones' batch. train.py and bench.py step with it:
 
     trainer = gpt.Trainer(tc, data)
     trainer.optimizers = muon.batched(trainer.optimizers)
 
-gpt.Muon orthogonalises one matrix at a time: each product is too small to keep a CPU busy. The
-blocks' matrices come in a few shapes (the attention's maps are square, the MLP's are wide or
-tall), so stacking the matrices of one shape turns many small products into a few batched ones.
-The algorithm is gpt.Muon's, through the same gpt.newton_schulz in the same precision
-(gpt.matmul_dtype): the momentum, the iteration, the learning rate scaled by the matrix's shape,
-the decoupled weight decay and the state it keeps, so a checkpoint's state moves either way.
+gpt.Muon batches the matrices of one shape too, so a copy of gpt.py alone steps about as fast
+(python bench.py --copier measures both); the state is the same, so a checkpoint's moves either way.
 """
 import math
 
