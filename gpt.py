@@ -407,6 +407,9 @@ class Muon(torch.optim.Optimizer):
             # at a time would leave the CPU waiting on each.
             by_shape = {}
             for p in group["params"]:
+                # A weight that took no part in the loss (a frozen one) has no gradient to step on.
+                if p.grad is None:
+                    continue
                 if "momentum_buffer" not in self.state[p]:
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p)
                 buffer = self.state[p]["momentum_buffer"]

@@ -163,3 +163,14 @@ def test_the_loop_gives_the_losses_it_gave_before_its_code_was_made_plain(monkey
         losses = [trainer.loss.item() for _ in trainer.steps()]
         assert losses == pytest.approx(case["losses"], abs=1e-3), case["model"]
         assert trainer.history[-1]["val"] == pytest.approx(case["history"][-1]["val"], abs=1e-3), case["model"]
+
+
+def test_a_matrix_without_a_gradient_is_left_as_it_is_and_the_others_step():
+    params = matrices()
+    frozen = params[2].detach().clone()
+    optimizer = gpt.Muon(params, lr=0.02)
+    for i, p in enumerate(params):
+        p.grad = None if i == 2 else torch.randn(p.shape)
+    optimizer.step()
+    assert torch.equal(params[2], frozen) and "momentum_buffer" not in optimizer.state[params[2]]
+    assert all(not torch.equal(p, q) for i, (p, q) in enumerate(zip(params, matrices())) if i != 2)
