@@ -116,6 +116,24 @@ def parse_option(name, text):
         raise argparse.ArgumentTypeError(f"{name} must be {kind}, got {text}") from None
 
 
+# Muon's own options, which an AdamW run has no use for.
+MUON_OPTIONS = ("muon_lr", "muon_momentum", "muon_momentum_start")
+
+
+def check_used(tc, given):
+    """Options given that the run tc would not use are refused, never dropped: Muon's without Muon,
+    the embedding's own rate where the output layer shares its weights."""
+    muon_given = [f"--{name}" for name in MUON_OPTIONS if name in given]
+    if muon_given and tc.optimizer != "muon":
+        raise ValueError(f"{', '.join(muon_given)} set Muon's steps, and this run trains with --optimizer "
+                         f"{tc.optimizer} alone: leave {'it' if len(muon_given) == 1 else 'them'} out, or "
+                         f"give --optimizer muon to a new run")
+    if "embedding_lr" in given and tc.tie_weights:
+        raise ValueError("--embedding_lr is the rate of an embedding of its own, and this model ties its "
+                         "embedding to the output layer (tie_weights): leave it out, as --learning_rate "
+                         "sets their rate")
+
+
 # ---------------------------------------------------------------------------------------------- output
 def printable_stdout():
     """A character stdout cannot encode (an ASCII terminal, a Windows pipe) prints as an escape,

@@ -147,7 +147,7 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
         vocab_size = given.get("vocab_size") or data.implied_vocab_size(ids)
     options = {**dataclasses.asdict(tc), **implied, "vocab_size": vocab_size, "device": device}
     tc = gpt.TrainConfig(**{**options, **distributed.process_options(options, rank)})
-    check_used(tc, given)
+    cli.check_used(tc, given)
     data.check_fits(ids, tc.vocab_size, tc.block_size)
     # This process holds out_dir's lock, and resumes its checkpoint or refuses it (check_new).
     trainer = gpt.Trainer(tc, ids, tokenizer, model and model.train(), log, owner=True)
@@ -162,24 +162,6 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
     elif tc.out_dir:
         checkpoint.check_new(path)
     return trainer
-
-
-# Muon's own options, which an AdamW run has no use for.
-MUON_OPTIONS = ("muon_lr", "muon_momentum", "muon_momentum_start")
-
-
-def check_used(tc, given):
-    """Options given that the run tc would not use are refused, never dropped: Muon's without Muon,
-    the embedding's own rate where the output layer shares its weights."""
-    muon_given = [f"--{name}" for name in MUON_OPTIONS if name in given]
-    if muon_given and tc.optimizer != "muon":
-        raise ValueError(f"{', '.join(muon_given)} set Muon's steps, and this run trains with --optimizer "
-                         f"{tc.optimizer} alone: leave {'it' if len(muon_given) == 1 else 'them'} out, or "
-                         f"give --optimizer muon to a new run")
-    if "embedding_lr" in given and tc.tie_weights:
-        raise ValueError("--embedding_lr is the rate of an embedding of its own, and this model ties its "
-                         "embedding to the output layer (tie_weights): leave it out, as --learning_rate "
-                         "sets their rate")
 
 
 # ---------------------------------------------------------------------------------------------- signals
