@@ -51,7 +51,6 @@ import data
 import gpt
 import gpt2
 import gpt_numpy
-import muon
 import train
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bigram=0)
@@ -125,11 +124,10 @@ def batches(block_size, batch_size, device, seed=0):
 
 
 def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
-    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers (Muon's
-    products batched, as muon.py takes them)."""
+    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers."""
     torch.manual_seed(0)
     model = gpt.GPT(config).to(device)
-    optimizers = muon.batched(gpt.configure_optimizers(model, tc, device.type))
+    optimizers = gpt.configure_optimizers(model, tc, device.type)
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
     return lambda: gpt.train_step(stepped, optimizers, [next(data)], tc.grad_clip, amp)
 
@@ -158,34 +156,33 @@ def bench_training(device, peaks, bf16):
 
 def muon_matrices(optimizer):
     """What one Muon step orthogonalises, read from its parameters: the matrices by shape, and the products of
-    gpt.newton_schulz's iterations, one matrix at a time and with the matrices of a shape (tall ones turned wide)
-    as one batch, as muon.orthogonalize takes them (gpt.Muon batches by shape, tall and wide apart)."""
+    gpt.newton_schulz's iterations, one matrix at a time and with the matrices of a shape as one batch, as
+    gpt.Muon takes them."""
     shapes = collections.Counter(tuple(p.shape) for group in optimizer.param_groups for p in group["params"])
-    wide = {(min(shape), max(shape)) for shape in shapes}
     steps = inspect.signature(gpt.newton_schulz).parameters["steps"].default
     count = sum(shapes.values())
     each = ", ".join(f"{n} of {rows}x{cols}" for (rows, cols), n in shapes.items())
     # Each iteration takes three products: X X^T, its square, and the polynomial times X.
-    return f"{count} matrices ({each}): {3 * steps * count} products, or {3 * steps * len(wide)} batched"
+    return f"{count} matrices ({each}): {3 * steps * count} products, or {3 * steps * len(shapes)} batched"
 
 
 def bench_muon(device, rounds=5):
-    """ms per Muon step on the blocks' matrices of the default model: gpt.Muon's (a copy of gpt.py alone steps so)
-    and muon.BatchedMuon's as train.py takes it; interleaved. Also what the step orthogonalises (muon_matrices)."""
+    """ms per Muon step on the blocks' matrices of the default model, with the products in gpt.matmul_dtype's
+    choice and in float32, interleaved; and what the step orthogonalises (muon_matrices)."""
     tc = gpt.TrainConfig(optimizer="muon")
-    steps = {}
-    for name in ("gpt.Muon", "muon.BatchedMuon"):
-        torch.manual_seed(0)
-        model = gpt.GPT(tc.model_config(vocab_size=65)).to(device)
-        optimizers = gpt.configure_optimizers(model, tc, device.type)
-        if name == "muon.BatchedMuon":
-            optimizers = muon.batched(optimizers)
-        for p in model.parameters():
-            p.grad = torch.randn_like(p)
-        steps[name] = optimizers[-1].step
-    t = interleaved(steps, device, rounds, repeats=20)
-    return dict(step_ms={name: seconds * 1000 for name, seconds in t.items()},
-                matrices=muon_matrices(steps["gpt.Muon"].__self__))
+    torch.manual_seed(0)
+    model = gpt.GPT(tc.model_config(vocab_size=65)).to(device)
+    muon = gpt.configure_optimizers(model, tc, device.type)[-1]
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+
+    def in_float32():
+        with unittest.mock.patch.object(gpt, "matmul_dtype", lambda device: torch.float32):
+            muon.step()
+
+    chosen = dtype_name(gpt.matmul_dtype(device))
+    t = interleaved({chosen: muon.step, "float32": in_float32}, device, rounds, repeats=20)
+    return dict(step_ms={name: seconds * 1000 for name, seconds in t.items()}, matrices=muon_matrices(muon))
 
 
 def bench_sampling(device, rounds=3):
@@ -501,7 +498,7 @@ class Setting:
     changes: dict = dataclasses.field(default_factory=dict)  # TrainConfig options
     model: object = None  # builds the model from its GPTConfig; None: gpt.GPT, as gpt.Trainer builds it
     lr_at: object = None  # the learning rate's schedule, in place of gpt.lr_at
-    batched: bool = True  # Muon's step through muon.batched (train.py's); False: gpt.Muon's, as gpt.train takes it
+    train_py: bool = False  # trained by train.run, train.py's own path, not by gpt.Trainer alone
     compile: bool = False  # the step through torch.compile, its compiling on the run's clock
     matmul_dtype: torch.dtype = None  # Muon's products in this dtype, in place of gpt.matmul_dtype's choice
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
@@ -526,6 +523,19 @@ def vocab_size_of(ids, tokenizer):
     return tokenizer.vocab_size if tokenizer else data.implied_vocab_size(ids)
 
 
+def trainer_of(setting, tc, ids, tokenizer, vocab_size):
+    """The gpt.Trainer of tc on ids, with setting's model and compiled step."""
+    model = None
+    if setting.model:
+        torch.manual_seed(tc.seed)  # as gpt.Trainer seeds before it builds the default model
+        model = setting.model(tc.model_config(vocab_size=vocab_size))
+    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
+    if setting.compile:
+        torch._dynamo.reset()
+        trainer.wrapped_model = torch.compile(trainer.model)
+    return trainer
+
+
 def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, **changes):
     """The default run, as train.py trains it, changed as setting says (and by changes), for `seconds` of wall time
     on ids, on_step(trainer) after each step; (the gpt.Trainer, its figures: steps, steps a second, Muon's products'
@@ -536,20 +546,15 @@ def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, 
     tc = gpt.TrainConfig(**{**run, **changes, **setting.changes})
     # train.py's checks of the data, before minutes of training.
     data.check_fits(ids, vocab_size, tc.block_size)
-    model = None
-    if setting.model:
-        torch.manual_seed(tc.seed)  # as gpt.Trainer seeds before it builds the default model
-        model = setting.model(tc.model_config(vocab_size=vocab_size))
-    trainer = gpt.Trainer(tc, ids, tokenizer, model, log=lambda *args: None)
-    if setting.batched:
-        trainer.optimizers = muon.batched(trainer.optimizers)
-    if setting.compile:
-        torch._dynamo.reset()
-        trainer.wrapped_model = torch.compile(trainer.model)
     with patched(setting):
-        for _ in trainer.steps():
-            if on_step:
-                on_step(trainer)
+        if setting.train_py:
+            trainer, _ = train.run(tc, ids, log=lambda *args: None, compile=setting.compile,
+                                   given={"vocab_size": vocab_size})
+        else:
+            trainer = trainer_of(setting, tc, ids, tokenizer, vocab_size)
+            for _ in trainer.steps():
+                if on_step:
+                    on_step(trainer)
         products = "no Muon"
         if any(isinstance(optimizer, gpt.Muon) for optimizer in trainer.optimizers):
             products = dtype_name(gpt.matmul_dtype(trainer.device))
@@ -697,10 +702,10 @@ CANDIDATES = {
     "AdamW at 6e-3": Setting(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
     "Muon's momentum flat": Setting(changes=dict(muon_momentum_start=0.95)),
 }
-# train.py's step and the step of a copy of gpt.py alone (gpt.train(tc, text): gpt.Muon), and
-# AdamW alone, the bar the copier's default must clear at equal time.
-COPIER = {"train.py (muon.batched)": Setting(), "gpt.train (gpt.Muon)": Setting(batched=False),
-          "gpt.train, AdamW alone": Setting(changes=dict(optimizer="adamw"), batched=False)}
+# train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
+# bar the copier's default must clear at equal time.
+COPIER = {"train.py": Setting(train_py=True), "gpt.train": Setting(),
+          "gpt.train, AdamW alone": Setting(changes=dict(optimizer="adamw"))}
 # Each harness's flag: its settings and how many rounds it trains them by default.
 HARNESSES = {"optimizers": (OPTIMIZERS, 1), "variants": (VARIANTS, 2), "candidates": (CANDIDATES, 3),
              "copier": (COPIER, 3)}
@@ -900,7 +905,7 @@ def make_parser():
              "time, and compare their val losses")
     for mode, what in (("optimizers", "with each optimizer"), ("variants", "and each variant of its block"),
                        ("candidates", "and each candidate for its recipe"),
-                       ("copier", "through train.py's Muon step (muon.batched) and gpt.train's (gpt.Muon)")):
+                       ("copier", "through train.py's run and gpt.train, and with AdamW alone")):
         add(f"--{mode}", type=cli.SECONDS, metavar="SECONDS",
             help=f"instead: train the default CPU config {what} this long, in alternating rounds ({HARNESSES[mode][1]} "
                  f"by default), and compare their val losses on the whole held-out split")
@@ -1066,8 +1071,8 @@ def speed_mode(args, device, figures):
     for r in figures["training"]:
         print(f"{r['name']:34s} {r['dtype']:14s} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:8.0f} {r['mfu']:6.1%}")
     m = figures["muon"]["step_ms"]
-    print(f"\nMuon's step on the default model's {figures['muon']['matrices']}: gpt.Muon {m['gpt.Muon']:.1f} ms, "
-          f"muon.BatchedMuon {m['muon.BatchedMuon']:.1f} ms, {m['gpt.Muon'] / m['muon.BatchedMuon']:.1f}x")
+    print(f"\nMuon's step on the default model's {figures['muon']['matrices']}: "
+          + ", ".join(f"products in {dtype} {ms:.1f} ms" for dtype, ms in m.items()))
     s = figures["sampling_tokens_per_s"]
     print(f"\nsampling {NEW_TOKENS} tokens into a {SAMPLING['block_size']} context ({SAMPLING['n_layer']} layers, "
           f"{SAMPLING['n_embd']} wide): KV cache {s['kv_cache']:.0f} tok/s, a full forward per token "

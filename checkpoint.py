@@ -314,9 +314,8 @@ def finite(value, low=-math.inf):
     return type(value) in (int, float) and low <= value < math.inf
 
 
-# What each kind of optimizer keeps for a parameter (muon.BatchedMuon is a gpt.Muon): the
-# names of its state, each True when it has the parameter's shape and type, False for a number (a
-# tensor of no dimension).
+# What each kind of optimizer keeps for a parameter: the names of its state, each True when it has
+# the parameter's shape and type, False for a number (a tensor of no dimension).
 OPTIMIZER_STATE = {torch.optim.AdamW: {"exp_avg": True, "exp_avg_sq": True, "step": False},
                    gpt.Muon: {"momentum_buffer": True}}
 

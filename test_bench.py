@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import types
+import unittest.mock
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 import bench
 import data
 import gpt
-import muon
+import train
 from conftest import HERE, HANG, TEXT, interrupted, one_line_error, tiny_model
 
 
@@ -123,19 +124,23 @@ def test_bench_times_steps_with_either_optimizer_and_blames_the_other_model_py_f
         bench.versus_nanogpt(nano, torch.device("cpu"))
 
 
-def test_bench_times_muons_step_one_matrix_at_a_time_and_batched(monkeypatch):
-    stepped = []
+def test_bench_times_muons_step_in_its_own_dtype_and_in_float32(monkeypatch):
+    dtypes = []
 
     def once(fns, *args, **kwargs):  # each step taken once, timed as a second
-        for name, fn in fns.items():
+        for fn in fns.values():
+            real = gpt.newton_schulz
+            monkeypatch.setattr(gpt, "newton_schulz", lambda G: dtypes.append(gpt.matmul_dtype(G.device)) or real(G))
             fn()
-            stepped.append((name, type(fn.__self__)))
+            monkeypatch.setattr(gpt, "newton_schulz", real)
         return dict.fromkeys(fns, 1.0)
 
     monkeypatch.setattr(bench, "interleaved", once)
+    chosen = gpt.matmul_dtype(torch.device("cpu"))
     figures = bench.bench_muon(torch.device("cpu"))
-    assert figures["step_ms"] == {"gpt.Muon": 1000.0, "muon.BatchedMuon": 1000.0}
-    assert stepped == [("gpt.Muon", gpt.Muon), ("muon.BatchedMuon", muon.BatchedMuon)]
+    assert figures["step_ms"] == {str(chosen)[6:]: 1000.0, "float32": 1000.0}
+    # One batch for each shape of the default model: square, tall and wide.
+    assert dtypes == [dtype for dtype in dict.fromkeys([chosen, torch.float32]) for _ in range(3)]
     # The default model's matrices, counted from it: a block's four attention maps and three of SwiGLU's.
     layers = gpt.TrainConfig().n_layer
     assert figures["matrices"].startswith(f"{7 * layers} matrices (")
@@ -159,7 +164,7 @@ def test_bench_prints_the_speed_rows_and_muons_matrices_as_the_default_model_has
     assert f"\nMuon's products (gpt.matmul_dtype): {dtype}; matmul peak (1024x1024): float32 " in out, out
     matrices = 7 * gpt.TrainConfig().n_layer
     assert re.search(rf"\nMuon's step on the default model's {matrices} matrices \(.*\): {15 * matrices} products, "
-                     rf"or \d+ batched: gpt.Muon 1.0 ms, muon.BatchedMuon 1.0 ms, 1.0x\n", out), out
+                     rf"or \d+ batched: products in {dtype} 1.0 ms(, products in float32 1.0 ms)?\n", out), out
     assert "\nforward+backward, nanoGPT CPU-recipe shape, float32: PyTorch 1.0 ms, NumPy twin 1.0 ms" in out, out
 
 
@@ -167,9 +172,9 @@ def test_what_muons_step_orthogonalises_is_read_from_the_model():
     tc = gpt.TrainConfig(n_layer=2, n_embd=16, n_head=2)
     model = gpt.GPT(tc.model_config(vocab_size=13))
     optimizer = gpt.configure_optimizers(model, tc)[-1]
-    # SwiGLU's width: 8/3 of 16, rounded up to 64. Turned wide, 16x16 and 16x64: two batches, 3 products each of
+    # SwiGLU's width: 8/3 of 16, rounded up to 64. A batch for each of the three shapes, 3 products each of
     # 5 iterations.
-    assert bench.muon_matrices(optimizer) == "14 matrices (8 of 16x16, 4 of 64x16, 2 of 16x64): 210 products, or 30 " \
+    assert bench.muon_matrices(optimizer) == "14 matrices (8 of 16x16, 4 of 64x16, 2 of 16x64): 210 products, or 45 " \
                                              "batched"
     assert bench.muon_matrices(gpt.configure_optimizers(gpt.GPT(gpt.GPTConfig(n_layer=1)), tc)[-1]).startswith(
         "7 matrices")
@@ -265,9 +270,8 @@ def test_each_candidate_trains_as_it_says_in_alternating_rounds_and_gpt_py_is_pu
     assert [r["products"] for r in rows[:5]] == ["float32", "float32", "float32", "bfloat16", "float32"]
 
 
-def test_the_copiers_row_is_gpt_train_and_train_pys_row_the_same_step_batched(tmp_path):
-    """The copier's setting trains exactly the weights gpt.train(tc, text) does; train.py's, with muon.batched, the
-    same to float rounding."""
+def test_the_copiers_rows_train_gpt_train_s_weights_through_train_py_and_gpt_train(tmp_path):
+    """train.py's row runs train.run, the copier's gpt.Trainer as gpt.train does: the same weights."""
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, max_time=0.0, max_iters=3,
                    eval_iters=2, out_dir="", device="cpu")
     text = TEXT[:6000]
@@ -278,12 +282,16 @@ def test_the_copiers_row_is_gpt_train_and_train_pys_row_the_same_step_batched(tm
     for name, setting in bench.COPIER.items():
         trainer, run = bench.train_setting(setting, 1.0, ids, tokenizer, **options)
         trained[name] = trainer.model.state_dict()
-        last = {"train.py (muon.batched)": muon.BatchedMuon, "gpt.train (gpt.Muon)": gpt.Muon,
-                "gpt.train, AdamW alone": torch.optim.AdamW}[name]
+        last = {"train.py": gpt.Muon, "gpt.train": gpt.Muon, "gpt.train, AdamW alone": torch.optim.AdamW}[name]
         assert run["iters"] == 3 and [type(o) for o in trainer.optimizers][-1] is last
+    ran = []
+    real_run = train.run
+    with unittest.mock.patch.object(train, "run", lambda *args, **kwargs: ran.append(1) or real_run(*args, **kwargs)):
+        bench.train_setting(bench.COPIER["train.py"], 1.0, ids, tokenizer, **options)
+    assert ran == [1]
     for name, p in expected.state_dict().items():
-        assert torch.equal(trained["gpt.train (gpt.Muon)"][name], p), name
-        torch.testing.assert_close(trained["train.py (muon.batched)"][name], p, rtol=0.02, atol=1e-3)
+        assert torch.equal(trained["gpt.train"][name], p), name
+        torch.testing.assert_close(trained["train.py"][name], p, rtol=1e-5, atol=1e-6)
 
 
 def test_bench_copier_prints_its_rows_with_steps_a_second_val_loss_and_the_dtype(tmp_path, capsys):
@@ -292,13 +300,13 @@ def test_bench_copier_prints_its_rows_with_steps_a_second_val_loss_and_the_dtype
                 "--set", "n_embd=16", "--set", "n_head=2", "--set", "block_size=16"])
     out = capsys.readouterr().out
     dtype = str(gpt.matmul_dtype(torch.device("cpu")))[6:]
-    for name, products in (("train.py (muon.batched)", dtype), ("gpt.train (gpt.Muon)", dtype),
+    for name, products in (("train.py", dtype), ("gpt.train", dtype),
                            ("gpt.train, AdamW alone", "no Muon")):
         assert re.search(rf"^  round 1 {re.escape(name)} +\d+ steps +\d+\.\d\d steps/s  Muon's products {products} +"
                          rf"val loss \d\.\d{{4}}$", out, re.M), out
         assert re.search(rf"^  {re.escape(name)} +\d+\.\d\d steps/s  Muon's products {products} +mean val loss "
                          rf"\d\.\d{{4}}", out, re.M), out
-    assert re.search(r"mean val loss \d\.\d{4}, minus train.py \(muon.batched\)'s [+-]\d\.\d{4}$", out, re.M), out
+    assert re.search(r"mean val loss \d\.\d{4}, minus train.py's [+-]\d\.\d{4}$", out, re.M), out
 
 
 def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, capsys):

@@ -15,7 +15,6 @@ import torch
 import checkpoint
 import data
 import gpt
-import muon
 import report
 import sample
 import train
@@ -177,6 +176,16 @@ def test_the_last_evaluation_and_the_report_read_a_bounded_share_of_a_large_held
         assert sum(rows) == windows, (bound, sum(rows))
 
 
+def test_train_py_trains_the_weights_a_copy_of_gpt_py_alone_trains(tmp_path):
+    # The same model and optimizer step: what gpt.train gives a copier is what python train.py trains.
+    tc = tiny_train_config(tmp_path, max_iters=4)
+    ours, _ = train.run(tc, TEXT, quiet)
+    theirs, _ = gpt.train(replace(tc, out_dir=""), TEXT, log=quiet)
+    assert [type(o) for o in ours.optimizers] == [torch.optim.AdamW, gpt.Muon]
+    for (name, p), q in zip(ours.model.state_dict().items(), theirs.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
 # ---------------------------------------------------------------------------------------------------- signals
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_ctrl_c_saves_and_resume_continues_exactly_with_either_optimizer(tmp_path, monkeypatch, optimizer):
@@ -198,8 +207,8 @@ def test_ctrl_c_saves_and_resume_continues_exactly_with_either_optimizer(tmp_pat
     second, stopped = train.run(tc, TEXT, quiet, resume=True)
     unclocked = lambda history: [{k: v for k, v in h.items() if k != "seconds"} for h in history]
     assert stopped is None and second.it == 8 and unclocked(second.history) == unclocked(straight.history)
-    if optimizer == "muon":  # train.py steps Muon batched (muon.py), as a resumed run does
-        assert [type(o) for o in second.optimizers] == [torch.optim.AdamW, muon.BatchedMuon]
+    if optimizer == "muon":  # train.py steps with gpt.py's own Muon, as a resumed run does
+        assert [type(o) for o in second.optimizers] == [torch.optim.AdamW, gpt.Muon]
     # Bit for bit the weights of the run that was never stopped, on one machine: there the same products round
     # alike. Resumed on another machine, a run may part from it by rounding.
     for (name, p), q in zip(straight.model.state_dict().items(), second.model.state_dict().values()):

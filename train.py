@@ -21,7 +21,6 @@ try:
     import distributed
     import gpt
     import gpt2
-    import muon
     import report
 # Ctrl-C while torch is still importing: nothing has started, so nothing is lost.
 except KeyboardInterrupt:
@@ -151,8 +150,6 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
     data.check_fits(ids, tc.vocab_size, tc.block_size)
     # This process holds out_dir's lock, and resumes its checkpoint or refuses it (check_new).
     trainer = gpt.Trainer(tc, ids, tokenizer, model and model.train(), log, owner=True)
-    # Muon's products batched by the matrices' shapes: the same update, a faster step.
-    trainer.optimizers = muon.batched(trainer.optimizers)
     # What the data was, so that a resume or a report reads it as this run did.
     checkpoint.record_data(trainer, data.describe(data_file))
     if resume:
