@@ -686,9 +686,12 @@ def test_a_right_backward_in_float32_passes_every_row_and_a_slip_in_float32_does
     for name in [n for n in dir(gpt_numpy) if n.endswith("_backward")]:
         monkeypatch.setattr(gpt_numpy, name, in_float32(getattr(gpt_numpy, name)))
     lines = []
-    assert workbook.check(log=lines.append), "\n".join(line for line in lines if not line.endswith("ok"))
+    assert workbook.check(log=lines.append), "\n".join(line for line in lines if re.search("  (WRONG|ERROR)", line))
+    # Each gradient's row is judged to float32's tolerance, and says so; the forward's rows, in float64, are not.
+    said = f"(in float32: to {workbook.FLOAT32_TOLERANCE:.1e})"
+    assert all(line.endswith(said) != line.startswith("forward (") for line in lines[1:-1]), lines
     # The keys' bias of GPT-2's block, zero in exact arithmetic, holds float32's rounding noise and passes.
-    assert verdicts(lines)["model (gpt2): h.0.attn.c_k.bias"] == "ok"
+    assert verdicts(lines)["model (gpt2): h.1.attn.c_k.bias"] == "ok"
     right = gpt_numpy.linear_backward
 
     def averaged_bias(dout, saved):
@@ -697,12 +700,70 @@ def test_a_right_backward_in_float32_passes_every_row_and_a_slip_in_float32_does
             dparams["bias"] = dparams["bias"] / 15  # a mean over the 15 positions, not their sum
         return dx, dparams
 
+    backward = gpt_numpy.GPT.backward
+
+    def swapped(self, activations=False):  # and the gradients of c_k and c_v swapped, in the same run
+        grads = backward(self)
+        grads["h.1.attn.c_k.weight"], grads["h.1.attn.c_v.weight"] = grads["h.1.attn.c_v.weight"], grads[
+            "h.1.attn.c_k.weight"]
+        return grads
+
     monkeypatch.setattr(gpt_numpy, "linear_backward", averaged_bias)
+    monkeypatch.setattr(gpt_numpy.GPT, "backward", swapped)
     lines = []
     assert not workbook.check(log=lines.append, only="linear")
     rows = verdicts(lines)
     assert rows["linear: dbias"] == "WRONG" and rows["model (gpt2): h.1.attn.c_q.bias"] == "WRONG"
     assert rows["model (gpt2): h.1.attn.c_k.bias"] == "ok"  # zero, averaged or summed
+    # A swap is named in float32 too, and only where there is one.
+    named = {line[:44].strip(): line.split("its values are ")[1].split("'s")[0] for line in lines if "swapped" in line}
+    assert named == {f"model ({block}): h.1.attn.c_{a}.weight": f"h.1.attn.c_{b}.weight" for block in ("gpt2", "llama")
+                     for a, b in ("kv", "vk")}, lines
+
+
+def test_a_float64_gradient_is_held_to_1e_6_and_one_computed_in_float32_to_float32s_rounding(tmp_path, monkeypatch):
+    assert workbook.tolerance_for(1e-6, [np.zeros(3), np.float64(1), 1.0, None]) == 1e-6
+    assert workbook.tolerance_for(1e-6, [np.zeros(3), np.zeros(3, np.float32)]) == workbook.FLOAT32_TOLERANCE
+    assert 1e-4 < workbook.FLOAT32_TOLERANCE < 2e-4  # a thousand of float32's roundings
+    off = lambda factor: linear_like(lambda d: {"weight": d["weight"] * factor, "bias": d["bias"]})
+    # Off by 1e-5 of itself: a slip in float64, where 1e-6 holds; within float32's rounding in float32.
+    rows = check_linear(off(1 + 1e-5))
+    assert [(r.verdict, r.tolerance) for r in rows.values()] == [("ok", 1e-6), ("WRONG", 1e-6), ("ok", 1e-6)]
+    rows = check_linear(in_float32(off(1 + 1e-5)))
+    assert [(r.verdict, r.tolerance) for r in rows.values()] == [("ok", workbook.FLOAT32_TOLERANCE)] * 3
+    # Off by 1%: a slip in float32 too.
+    rows = check_linear(in_float32(off(1.01)))
+    assert rows["weight"].verdict == "WRONG" and "off by a factor of 1.01" in str(rows["weight"]), rows
+    # GPT.backward's intermediates computed in float32 are close to the reference's; a sign in float32 differs.
+    twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
+    for name in [n for n in dir(twin) if n.endswith("_backward")]:
+        monkeypatch.setattr(twin, name, in_float32(getattr(twin, name)))
+    lines = []
+    assert workbook.intermediates("gpt2", GPT2, twin, log=lines.append) is None, lines
+    assert sum(" close " in line for line in lines) > 20 and lines[-1] == "every intermediate exact or close"
+    right = twin.crossentropy_backward
+    monkeypatch.setattr(twin, "crossentropy_backward", lambda dloss, saved: (-right(dloss, saved)[0], {}))
+    assert workbook.intermediates("gpt2", GPT2, twin, log=lines.append) == "loss: dx"
+
+
+def test_a_gradient_within_the_tolerance_of_zero_is_never_named_as_swapped():
+    # In a layer: dx, all zeros, is wrong, though dy's right gradient is all zeros; dz's values are dx's.
+    found = [("x", np.zeros(4), np.ones(4)), ("y", np.zeros(4), np.zeros(4)), ("z", np.ones(4), np.full(4, 2.0))]
+    rows = [str(row) for row in workbook.layer_rows(found, [], 1e-6, 0.1)]
+    assert rows[0].endswith("WRONG  it is all zeros") and rows[1].endswith("ok"), rows
+    assert rows[2].endswith("WRONG  its values are dx's: the two are swapped"), rows
+    # In a model: a.bias's gradient, wrong, is along b.bias's direction what b.bias's should be, rounding noise near
+    # zero; along c.bias's, what c.bias's should be.
+    params = {name: np.zeros(3) for name in ("a.bias", "b.bias", "c.bias")}
+    grads = {name: np.full(3, 0.5) for name in params}
+    numeric = {"a.bias": np.array([1.0]), "b.bias": np.array([1e-9]), "c.bias": np.array([2.0])}
+    scales = dict.fromkeys(params, 1.0)
+    for along_c, says in ((5.0, "3 of 3 entries differ"),
+                          (2.0, "its values are c.bias's gradient: the two are swapped")):
+        along = {"b.bias": np.array([1e-9]), "c.bias": np.array([along_c])}
+        detail = workbook.model_detail("a.bias", np.array([1e-9]), numeric["a.bias"], params, grads, numeric, scales,
+                                       lambda name, other: along[other], 1e-6, lambda: 0.0)
+        assert detail.startswith(says), detail
 
 
 def linear_like(dparams_of):

@@ -144,6 +144,25 @@ class Muon:
 # - rope_tables rounds its float64 angles' cos and sin through float32, as gpt.py stores them, so
 #   that the two agree in float32.
 # - test_gpt.py holds every gradient of gpt_numpy.py to PyTorch's autograd, within 1e-10 in float64.
+
+# A float64 gradient is judged to 1e-6 of its scale: the finite differences' own error (h^2, and
+# float64's rounding over h) is far below it. A gradient computed in float32 carries float32's
+# rounding too, up to eps = 2^-23 (1.2e-7) of the scale at each operation, and a right one is
+# only as close as those roundings allow: sums of a few hundred terms, through a dozen layers.
+# 1000 eps (1.2e-4) bounds a thousand roundings that all err the same way: a right float32 answer
+# here is within about 13 eps (1.5e-6), and each slip of the workbook (a factor, a sign, a lost
+# term) puts every row it turns 3e-3 or more off.
+FLOAT32_TOLERANCE = 1000 * float(np.finfo(np.float32).eps)
+
+
+def tolerance_for(tolerance, arrays):
+    """The tolerance in force for gradients computed as the arrays are: FLOAT32_TOLERANCE (or
+    tolerance, where more) where one is a float of less precision than float64, else tolerance."""
+    low = [a for a in arrays if isinstance(a, (np.ndarray, np.generic)) and a.dtype.kind in "fc"
+           and np.finfo(a.dtype).eps > np.finfo(np.float64).eps]
+    return max(tolerance, FLOAT32_TOLERANCE) if low else tolerance
+
+
 class Row:
     """One row of the check: a gradient's name and its largest relative error against finite
     differences, ok when at most the tolerance, else WRONG with what kind of wrong; or ERROR, with
@@ -170,6 +189,9 @@ class Row:
         detail = self.detail if self.error > self.tolerance else ""
         said = "; ".join(text for text in (self.problem, detail) if text)
         detail = f"  {said}" if self.verdict == "WRONG" and said else ""
+        # A float32 gradient's row says that it is judged to float32's tolerance.
+        if self.tolerance == FLOAT32_TOLERANCE:
+            detail += f"  (in float32: to {self.tolerance:.1e})"
         return f"{self.name:44s} {self.error:14.1e}  {self.verdict}{detail}"
 
     def __repr__(self):
@@ -181,7 +203,7 @@ class Row:
 def compared(name, ours, reference, tolerance, scale=None, versus="finite differences"):
     """The Row of a gradient against finite differences, saying how it is wrong when it is."""
     error = gpt_numpy.rel_error(ours, reference, scale)
-    return Row(name, error, tolerance, detail=how_wrong(ours, reference, versus, scale))
+    return Row(name, error, tolerance, detail=how_wrong(ours, reference, versus, scale, tolerance))
 
 
 def factor_of(ours, reference):
@@ -197,10 +219,10 @@ def factor_of(ours, reference):
     return None
 
 
-def how_wrong(ours, reference, versus="finite differences", scale=None):
+def how_wrong(ours, reference, versus="finite differences", scale=None, tolerance=1e-6):
     """A wrong gradient's kind in a few words: a constant factor from the right one when it is one
-    (the sign, a missing 1/N), else where it differs: how many entries, and the index of the
-    largest difference, [b, t, c], with the two values there."""
+    (the sign, a missing 1/N), else where it differs (by more than tolerance of the scale): how
+    many entries, and the index of the largest difference, [b, t, c], with the two values there."""
     shape = np.shape(reference)
     ours = np.asarray(ours, dtype=np.float64).ravel()
     reference = np.asarray(reference, dtype=np.float64).ravel()
@@ -214,7 +236,7 @@ def how_wrong(ours, reference, versus="finite differences", scale=None):
     if said is not None:
         return said
     largest = scale or max(np.abs(ours).max(), np.abs(reference).max())
-    differ = np.abs(ours - reference) > 1e-6 * largest
+    differ = np.abs(ours - reference) > tolerance * largest
     i = int(np.argmax(np.abs(ours - reference)))
     at = ", ".join(str(int(j)) for j in np.unravel_index(i, shape)) if shape else ""
     return (f"{differ.sum()} of {ours.size} entries differ, the most at [{at}]: ours "
@@ -281,14 +303,17 @@ def same(a, b):
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
 
 
-def watched(backward, changed, named=()):
+def watched(backward, changed, named=(), returned_arrays=None):
     """backward, wrapped: each call that changes its dout or what its forward saved, in place, adds
-    to changed a line that says so. named: (name, array), to call a saved array by its name."""
+    to changed a line that says so. named: (name, array), to call a saved array by its name.
+    returned_arrays: a list, to which each call adds the arrays it returned."""
 
     def watching(dout, saved):
         before = [(label, array, array.copy()) for label, array in
                   arrays_in(dout, "dout") + arrays_in(saved, "saved")]
         returned = backward(dout, saved)
+        if returned_arrays is not None:
+            returned_arrays.extend(array for _, array in arrays_in(returned, "returned"))
         for label, array, kept in before:
             if not same(array, kept):
                 if label != "dout":
@@ -325,8 +350,10 @@ def layer_rows(found, given, tolerance, scale):
         row = compared(name, grad, numeric, tolerance, max(np.abs(grad).max(initial=0),
                                                             np.abs(numeric).max(), scale))
         if row.verdict == "WRONG":
+            # Never another gradient within the tolerance of zero: rounding noise matches noise.
             swapped = [other for other, value in numerics.items() if other != name
                        and value.shape == numeric.shape
+                       and np.abs(value).max(initial=0) > tolerance * scale
                        and gpt_numpy.rel_error(grad, value) <= max(tolerance, 1e-4)]
             if swapped:
                 row.detail = f"its values are d{swapped[0]}'s: the two are swapped"
@@ -345,11 +372,14 @@ def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **
     inputs = x if isinstance(x, dict) else {"x": x}
     changed = []
     given = []
+    # The arrays the backward returned: their precision sets the tolerance in force.
+    returned_arrays = []
     named = [*inputs.items(), *params.items()]
     watching = watched(backward, changed, named)
 
     def keeping_keys(dout, saved):
         returned = watching(dout, saved)
+        returned_arrays.extend(array for _, array in arrays_in(returned, "returned"))
         if isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[1], dict):
             given.extend(str(key) for key in returned[1])
         return returned
@@ -365,7 +395,7 @@ def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **
     # A gradient that is zero in exact arithmetic holds rounding noise alone, in float32 far more
     # than in float64: each is judged against the largest gradient of the layer, not its own.
     scale = max((np.abs(numeric).max(initial=0) for _, _, numeric in found), default=0) / 10
-    rows = layer_rows(found, given, tolerance, scale)
+    rows = layer_rows(found, given, tolerance_for(tolerance, returned_arrays), scale)
     for key in given:
         if key not in params:
             rows.append(Row(key, raised=f"a gradient for {key}, which the layer does not have "
@@ -418,14 +448,14 @@ def slices_of(w):
     return [np.s_[i] for i in range(w.shape[0])] if w.ndim >= 2 else [np.s_[:]]
 
 
-def watching_backwards(twin, changed):
+def watching_backwards(twin, changed, returned_arrays=None):
     """Wraps every *_backward of twin in watched, in place, for the model's backward; returns
     what puts them back."""
     names = [name for name in dir(twin) if name.endswith("_backward")
              and callable(getattr(twin, name))]
     kept = {name: getattr(twin, name) for name in names}
     for name in names:
-        setattr(twin, name, watched(kept[name], changed))
+        setattr(twin, name, watched(kept[name], changed, returned_arrays=returned_arrays))
     return lambda: [setattr(twin, name, function) for name, function in kept.items()]
 
 
@@ -455,7 +485,10 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
         return twin.GPT(config, {name: w.copy() for name, w in {**params, **(extra or {})}.items()})
 
     changed = []
-    restore = watching_backwards(twin, changed)
+    # What each layer's backward returned: a model's gradients computed through a float32 layer
+    # are judged to float32's tolerance, though GPT.backward adds them into float64 arrays.
+    returned_arrays = []
+    restore = watching_backwards(twin, changed, returned_arrays)
     # A misspelt key a backward added into (grads["wte.wieght"] += ...): the tensor it meant. The
     # backward runs again with that key among the weights, so that a dict of gradients made from
     # them holds it, and every other tensor is still checked.
@@ -484,6 +517,7 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
         restore()
     rows = key_rows(block, params, grads, meant)
     order = [name for name in order if name not in rows]
+    tolerance = tolerance_for(tolerance, returned_arrays + list(grads.values()))
 
     def loss():
         return fresh().forward(idx.copy(), targets.copy())[1]
@@ -562,7 +596,10 @@ def model_detail(name, ours, n, params, grads, numeric, scales, along, tolerance
     if not np.abs(ours).max() > 0:
         return "it is all zeros"
     for other in numeric:
-        if other != name and params[other].shape == params[name].shape:
+        # A gradient within the tolerance of zero (the keys' bias of GPT-2's block) is rounding
+        # noise, which any other noise matches: it is no sign of a swap.
+        if other != name and params[other].shape == params[name].shape and (
+                np.abs(numeric[other]).max() > tolerance * scales[other]):
             if gpt_numpy.rel_error(along(name, other), numeric[other], scales[other]) <= tolerance:
                 return f"its values are {other}'s gradient: the two are swapped"
     w = params[name]
@@ -586,6 +623,13 @@ def model_detail(name, ours, n, params, grads, numeric, scales, along, tolerance
 
 # The names of a layer backward's inputs, where it has more than one: its dx is a tuple of theirs.
 INPUTS = {"attention_backward": ("q", "k", "v"), "swiglu_backward": ("gate", "up")}
+
+
+def own_precision(value):
+    """value as an array of floats, in its own precision where it is one (float32's sets the
+    tolerance it is compared to), else in float64."""
+    value = np.asarray(value)
+    return value if value.dtype.kind == "f" else value.astype(np.float64)
 
 
 def recorded(twin, config, params, idx, targets):
@@ -624,12 +668,12 @@ def recorded(twin, config, params, idx, targets):
     layers = list(douts) if len(douts) == len(calls) else [name for name, _, _ in calls]
     found = []
     for layer, (name, dout, returned) in zip(layers, calls):
-        found.append((layer, "dout", np.asarray(dout, dtype=np.float64)))
+        found.append((layer, "dout", own_precision(dout)))
         dx = returned[0] if isinstance(returned, tuple) and len(returned) == 2 else None
         dxs = dx if isinstance(dx, tuple) else (dx,)
         for label, value in zip(INPUTS.get(name, ("x",)), dxs):
             if value is not None:
-                found.append((layer, f"d{label}", np.asarray(value, dtype=np.float64)))
+                found.append((layer, f"d{label}", own_precision(value)))
     return found
 
 
@@ -638,8 +682,8 @@ def intermediates(block, switches, twin=gpt_numpy, log=print):
     """Logs GPT.backward's intermediates on the check's model of that block, twin's against the
     reference's (gpt_numpy's), as makemore's cmp does line by line: each layer's dout and the
     gradients its backward hands back, from the loss down, each exact, close (to 1e-6 of its
-    size) or DIFFERS, with the largest difference; then the first that differs. Returns it, or
-    None where none does."""
+    size; float32's tolerance for one in float32) or DIFFERS, with the largest difference; then
+    the first that differs. Returns it, or None where none does."""
     rng = np.random.default_rng(0)
     config = model_config(gpt_numpy, switches, block_size=T + 1)
     params = {name: w + 0.3 * rng.standard_normal(w.shape)
@@ -662,9 +706,11 @@ def intermediates(block, switches, twin=gpt_numpy, log=print):
             log(f"  {name:36s} DIFFERS  {ref.shape}, {said}")
             first = first or name
             continue
-        diff = float(np.abs(yours[n][2] - ref).max()) if ref.size else 0.0
-        verdict = ("exact" if np.array_equal(yours[n][2], ref) else
-                   "close" if diff <= 1e-6 * max(np.abs(ref).max(), 1e-300) else "DIFFERS")
+        mine = yours[n][2].astype(np.float64)
+        diff = float(np.abs(mine - ref).max()) if ref.size else 0.0
+        close = tolerance_for(1e-6, [yours[n][2]]) * max(np.abs(ref).max(), 1e-300)
+        verdict = ("exact" if np.array_equal(mine, ref) else
+                   "close" if diff <= close else "DIFFERS")
         log(f"  {name:36s} {verdict:7s}  max diff {diff:.1e}")
         if verdict == "DIFFERS":
             first = first or name
@@ -764,8 +810,8 @@ def stage_rows(name, ex, forward, x, params, tolerance, twin):
             rows.append(Row(row_name, raised=f"{var} has the shape {np.shape(yours[var])}, not "
                                              f"{np.shape(reference[var])}"))
         else:
-            rows.append(compared(row_name, yours[var], reference[var], tolerance,
-                                 versus="the reference's"))
+            rows.append(compared(row_name, yours[var], reference[var],
+                                 tolerance_for(tolerance, [yours[var]]), versus="the reference's"))
     return rows
 
 
