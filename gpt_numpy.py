@@ -187,18 +187,27 @@ def crossentropy_forward(logits, targets):
     # log-sum-exp, less the max: stable for large logits.
     logz = m + np.log(np.exp(logits - m).sum(-1, keepdims=True))  # (B, T, 1)
     picked = np.take_along_axis(logits, targets[..., None], axis=-1)  # (B, T, 1)
-    # The mean over the B*T positions of -log p(target).
-    loss = (logz - picked).mean()
+    # -log p(target) at each position, then its mean over the B*T positions.
+    nll = logz - picked  # (B, T, 1)
+    loss = nll.mean()
     return loss, (np.exp(logits - logz), targets)
 
 
-# loss = mean over the N = B*T positions of (logz - logits[target]), where
-# logz = log sum_j e^logits_j, whose derivative is softmax(logits) = p. So at each position
-# dlogits = (p - onehot(target)) / N, times dloss (1 at the top).
+# The forward in reverse, one gradient a line, with p = softmax(logits) = e^(logits - logz):
+#   loss = mean of nll over N = B*T:  dnll = dloss / N at each position (a sum forward, a
+#                                     broadcast back)
+#   nll = logz - picked:              (dlogz, dpicked) = (dnll, -dnll)
+#   logz = log sum_j e^logits_j:      d logz / d logits_j = e^logits_j / e^logz = p_j, so every
+#                                     logit gets p dlogz
+#   picked = logits[target]:          the target's logit gets dpicked too (rule 1: it is in both)
+# In all, dlogits = (p - onehot(target)) dloss / N.
 def crossentropy_backward(dloss, saved):
     probs, targets = saved
+    dnll = np.full((*targets.shape, 1), dloss / targets.size, dtype=probs.dtype)  # (B, T, 1)
+    dlogz = dnll  # (B, T, 1)
+    dpicked = -dnll  # (B, T, 1)
     onehot = np.eye(probs.shape[-1], dtype=probs.dtype)[targets]  # (B, T, vocab_size)
-    dlogits = (probs - onehot) * (dloss / targets.size)  # (B, T, vocab_size)
+    dlogits = probs * dlogz + onehot * dpicked  # (B, T, vocab_size)
     return dlogits, {}
 
 

@@ -963,7 +963,7 @@ WRONG_ANSWERS = {
     "swiglu_backward": ("dout * up * (s + gate * s * (1 - s))", "dout * up * s", "swiglu: dgate"),  # silu' as s
     "linear_backward": ("dout2.T @ x.reshape(-1, x.shape[-1])", "dout[0].T @ x[0]", "linear: dweight"),  # no sum
     "embedding_backward": ("np.add.at(dweight, idx, dout)", "dweight[idx] = dout", "embedding: dweight"),
-    "crossentropy_backward": ("(dloss / targets.size)", "dloss", "crossentropy: dx"),  # no 1/N
+    "crossentropy_backward": ("dloss / targets.size", "dloss", "crossentropy: dx"),  # no 1/N
     "softmax_backward": ("p * (dout - (dout * p).sum(-1, keepdims=True))", "p * dout", "softmax: dx"),  # a term lost
     "rope_backward": ("rope_forward(dout, cos, -sin)", "rope_forward(dout, cos, sin)", "rope: dx"),  # no transpose
     "rmsnorm_backward": ("rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))", "rstd * g", "rmsnorm: dx"),
@@ -1078,44 +1078,59 @@ def write_exercise_graded(number_ex):
     return True
 
 
-# Each stage of attention's backward: the line that sets it, a slip in it and the first row that turns, a right line
-# written another way.
-STAGES = [("datt = dy @ v.transpose(0, 1, 3, 2)", "datt = 2 * dy @ v.transpose(0, 1, 3, 2)",
-           "attention: datt (intermediate)", 'datt = np.einsum("bhtd,bhsd->bhts", dy, v)'),
-          ("dscores = softmax_backward(datt, att)[0]", "dscores = att * datt", "attention: dscores (intermediate)",
-           "dscores = att * (datt - (datt * att).sum(-1, keepdims=True))"),
-          ("dk = dscores.transpose(0, 1, 3, 2) @ q * scale", "dk = dscores @ q * scale",
-           "attention: dk (intermediate)", "dk = np.swapaxes(dscores, -1, -2) @ (q * scale)")]
+# Each stage exercise: a line of the rest of the body, kept; slips in its lines, each (line, slip, the first row that
+# turns); a line of it written another way, right.
+STAGES = [("dv = dv.transpose(0, 2, 1, 3)",
+           [("datt = dy @ v.transpose(0, 1, 3, 2)", "datt = 2 * dy @ v.transpose(0, 1, 3, 2)",
+             "attention: datt (intermediate)")],
+           ("datt = dy @ v.transpose(0, 1, 3, 2)", 'datt = np.einsum("bhtd,bhsd->bhts", dy, v)')),
+          ("dv = dv.transpose(0, 2, 1, 3)",
+           [("dscores = softmax_backward(datt, att)[0]", "dscores = att * datt", "attention: dscores (intermediate)")],
+           ("dscores = softmax_backward(datt, att)[0]",
+            "dscores = att * (datt - (datt * att).sum(-1, keepdims=True))")),
+          ("dv = dv.transpose(0, 2, 1, 3)",
+           [("dk = dscores.transpose(0, 1, 3, 2) @ q * scale", "dk = dscores @ q * scale",
+             "attention: dk (intermediate)")],
+           ("dk = dscores.transpose(0, 1, 3, 2) @ q * scale", "dk = np.swapaxes(dscores, -1, -2) @ (q * scale)")),
+          # Cross-entropy through logsumexp: a sign, and a factor (the mean's 1/N lost), each named at its own line.
+          ("return dlogits, {}",
+           [("dpicked = -dnll", "dpicked = dnll", "crossentropy: dpicked (intermediate)"),
+            ("dloss / targets.size", "dloss", "crossentropy: dnll (intermediate)")],
+           ("dlogits = probs * dlogz + onehot * dpicked",
+            "dlogits = probs * dlogz + np.eye(probs.shape[-1])[targets] * dpicked"))]
 
 
 def test_a_stage_exercise_blanks_its_lines_alone_and_grades_its_intermediate_first(tmp_path):
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
     twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
     stages = [(n, ex) for n, ex in enumerate(workbook.exercises(), 1) if ex.get("lines")]
-    assert [ex["lines"] for _, ex in stages] == [["datt", "dv"], ["dscores"], ["dq", "dk"]]
-    assert [n for n, _ in stages] == [30, 31, 32]  # after the others, whose numbers stay
-    for (number, ex), (line, slip, row, other) in zip(stages, STAGES):
+    assert [ex["lines"] for _, ex in stages] == [["datt", "dv"], ["dscores"], ["dq", "dk"],
+                                                 ["dnll", "dlogz", "dpicked", "dlogits"]]
+    assert [n for n, _ in stages] == [30, 31, 32, 33]  # after the others, whose numbers stay
+    for (number, ex), (kept, slips, (line, other)) in zip(stages, STAGES):
+        name, function = ex["check"], ex["function"]
         path, made = workbook.start_exercise(number, twin)
         blank = Path(path).read_text(encoding="utf-8")
-        hole = re.search(r'\n( *raise NotImplementedError\("attention_backward: .* are yours to write"\)\n)',
-                         blank).group(1)
-        assert line not in blank and "dv = dv.transpose(0, 2, 1, 3)" in blank  # its lines gone, the rest kept
-        assert not leaked(source, blank, []) and "datt = dy @" not in workbook.listing()
+        hole = re.search(rf'\n( *raise NotImplementedError\("{function}: .* are yours to write"\)\n)', blank).group(1)
+        assert line not in blank and kept in blank  # its lines gone, the rest kept
+        assert not leaked(source, blank, []) and line not in workbook.listing()
         lines = []
-        assert not workbook.check(twin=imported(path), only="attention", log=lines.append, models=False)
-        assert lines[1].startswith(f"attention: {ex['lines'][0]} (intermediate)") and "ERROR" in lines[1], lines
-        stage = workbook.blanked(source, "attention_backward", names=ex["lines"])[1]
+        assert not workbook.check(twin=imported(path), only=name, log=lines.append, models=False)
+        assert lines[1].startswith(f"{name}: {ex['lines'][0]} (intermediate)") and "ERROR" in lines[1], lines
+        stage = workbook.blanked(source, function, names=ex["lines"])[1]
         assert line in stage and "return" not in stage
-        indent = " " * 4
-        for body, passes in ((stage, True), (stage.replace(line, slip), False), (stage.replace(line, other), True)):
+        bodies = [(stage, None), (stage.replace(line, other), None)]
+        bodies += [(stage.replace(change, slip), row) for change, slip, row in slips if stage.count(change) == 1]
+        assert len(bodies) == 2 + len(slips)
+        for body, row in bodies:
             Path(path).write_text(blank.replace(hole, body), encoding="utf-8")
             lines = []
-            assert workbook.check(twin=imported(path), only="attention", log=lines.append, models=False) == passes
-            names = [name for name in verdicts(lines) if name.endswith("(intermediate)")]
-            assert names == [f"attention: {name} (intermediate)" for name in ex["lines"]], lines
-            if not passes:
+            assert workbook.check(twin=imported(path), only=name, log=lines.append, models=False) == (row is None)
+            names = [n for n in verdicts(lines) if n.endswith("(intermediate)")]
+            assert names == [f"{name}: {var} (intermediate)" for var in ex["lines"]], lines
+            if row is not None:
                 assert lines[-1].endswith(f"first {row}") and verdicts(lines)[row] == "WRONG", (number, lines)
-        assert indent + line in source
+        assert " " * 4 + line in source
 
 
 def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir):
@@ -1127,9 +1142,9 @@ def test_the_learners_loop_from_the_command_line_as_the_readme_shows_it(twin_dir
     listed = run_cli(*commands[0], cwd=twin_dir).stdout
     # 18 to break a line, then 11 to write a body.
     kinds = ["check" in ex for ex in workbook.exercises()]
-    assert re.findall(r"^ ?\d+\. ", listed, re.M) == [f"{n:2d}. " for n in range(1, 33)] and len(kinds) == 32
-    # Then 3 that write attention's backward a stage at a time.
-    assert kinds == [False] * 18 + [True] * 14 and "\n24. write the body of softmax_backward\n" in listed
+    assert re.findall(r"^ ?\d+\. ", listed, re.M) == [f"{n:2d}. " for n in range(1, 34)] and len(kinds) == 33
+    # Then 3 that write attention's backward a stage at a time, and 1 cross-entropy's.
+    assert kinds == [False] * 18 + [True] * 15 and "\n24. write the body of softmax_backward\n" in listed
     started = run_cli(*commands[1], cwd=twin_dir)
     assert started.returncode == 0 and "python exercise_24.py --check softmax" in started.stdout, started
     source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
@@ -1401,8 +1416,8 @@ def test_train_runs_the_learners_backward_beside_the_references_and_fails_where_
     assert len(steps) >= 10 and all(yours == ref for _, yours, ref in steps), done.stdout  # the same, step for step
     assert float(steps[-1][2]) < 0.5 * float(steps[0][2]) and "gpt2: your gradients train" in done.stdout
     # A wrong sign climbs the loss; a factor of 2 trains, but otherwise than the reference: both are named.
-    for change in ("(onehot - probs)", "2 * (probs - onehot)"):
-        copy.write_text(source.replace("(probs - onehot)", change), encoding="utf-8")
+    for change in ("-dloss / targets.size", "2 * dloss / targets.size"):
+        copy.write_text(source.replace("dloss / targets.size", change), encoding="utf-8")
         done = run_main(capsys, "--train", twin=imported(copy))
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
         assert re.search(r"gpt2: your loss parted from the reference's at step \d+ \(-?\d+\.\d+ against \d\.\d+; "
