@@ -86,8 +86,9 @@ def test_a_gpt2_finetune_stopped_and_resumed_equals_the_straight_run(tmp_path, g
              "1e-3"]
     train.main([*flags, "--out_dir", str(tmp_path / "straight"), "--max_iters", "6"])
     train.main([*flags, "--out_dir", str(tmp_path / "stopped"), "--max_iters", "3"])
+    # --device is not a run's option but the machine's: a resume on a machine with a GPU would take it unless told.
     train.main(["--resume", "--data", str(tmp_path / "train.bin"), "--out_dir", str(tmp_path / "stopped"),
-                "--max_iters", "6"])
+                "--max_iters", "6", "--device", "cpu"])
     straight, resumed = (torch.load(tmp_path / name / "ckpt.pt", weights_only=True) for name in ("straight", "stopped"))
     assert straight["iter"] == resumed["iter"] == 6
     for name, w in straight["model"].items():
