@@ -645,6 +645,25 @@ def zero_c_proj(config):
     return model
 
 
+class TrigramGPT(gpt.GPT):
+    """The default model with a second table beside the bigram one: a vector for each triple (the token two
+    before, the one before, the token), its number modulo the rows; zero at first, as the bigram table is. For
+    training and evaluation (a cache would need the two last tokens)."""
+
+    def __init__(self, config, rows=16384):
+        super().__init__(config)
+        self.trigram = torch.nn.Embedding(rows, config.n_embd)
+        torch.nn.init.zeros_(self.trigram.weight)
+
+    def embed(self, idx, start=0, cache=None):
+        x, rope = super().embed(idx, start, cache)
+        v = self.config.vocab_size
+        before = torch.nn.functional.pad(idx, (1, 0), value=-1)[:, :-1].long()  # (B, T)
+        two_before = torch.nn.functional.pad(idx, (2, 0), value=-1)[:, :-2].long()  # (B, T)
+        triples = (two_before * v + before) * v + idx
+        return x + self.trigram(triples % self.trigram.num_embeddings), rope
+
+
 def zero_head(config):
     """The output layer starts at zero: every token equally likely, until it learns otherwise."""
     model = gpt.GPT(config)
@@ -701,6 +720,7 @@ CANDIDATES = {
     "embedding at 0.1": Setting(changes=dict(embedding_lr=0.1)),
     "AdamW at 6e-3": Setting(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
     "Muon's momentum flat": Setting(changes=dict(muon_momentum_start=0.95)),
+    "trigram table": Setting(model=TrigramGPT),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

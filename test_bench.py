@@ -16,7 +16,7 @@ import bench
 import data
 import gpt
 import train
-from conftest import HERE, HANG, TEXT, interrupted, one_line_error, tiny_model
+from conftest import HERE, HANG, TEXT, TINY, interrupted, one_line_error, tiny_model
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -427,6 +427,22 @@ class GPT(torch.nn.Module):
         optimizer.step = lambda: (self.rates.append(optimizer.param_groups[0]["lr"]), step())
         return optimizer
 '''
+
+
+def test_the_trigram_candidate_adds_the_token_two_before_through_its_own_table():
+    torch.manual_seed(0)
+    model = bench.TrigramGPT(gpt.GPTConfig(**TINY))
+    torch.manual_seed(0)
+    plain = gpt.GPT(gpt.GPTConfig(**TINY))
+    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
+    # Zero at first: the default model's embedding, its other weights as the default seeds them.
+    assert torch.equal(model.embed(idx)[0], plain.embed(idx)[0])
+    torch.nn.init.normal_(model.trigram.weight)
+    changed = idx.clone()
+    changed[:, 0] = (idx[:, 0] + 1) % TINY["vocab_size"]
+    moved = (model.embed(changed)[0] != model.embed(idx)[0]).any(dim=-1).any(dim=0)  # (T,)
+    # The token itself at 0, the bigram and trigram tables at 1, the trigram table alone at 2.
+    assert moved.tolist() == [True, True, True, False, False, False]
 
 
 def test_bench_quality_trains_a_candidates_model_beside_nanogpt_when_asked(tmp_path, monkeypatch, capsys):
