@@ -379,7 +379,6 @@ def matmul_dtype(device):
 def newton_schulz(G, steps=5):
     """G (..., rows, cols) made nearly orthogonal, each matrix of a batch alike: its singular values
     pushed toward 1 (0.7 to 1.2, but for those far below the largest), its singular vectors kept."""
-    a, b, c = 3.4445, -4.7750, 2.0315
     X = G.to(matmul_dtype(G.device))
     # Worked on wide, so that the Gram matrix X X^T is the smaller one.
     tall = G.size(-2) > G.size(-1)
@@ -388,8 +387,9 @@ def newton_schulz(G, steps=5):
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
     for _ in range(steps):
         A = X @ X.mT
-        # a X + b (X X^T) X + c (X X^T)^2 X: each singular value s becomes a s + b s^3 + c s^5.
-        X = a * X + (b * A + c * A @ A) @ X
+        # Each singular value s becomes 3.4445 s - 4.7750 s^3 + 2.0315 s^5 (torch.optim.Muon's
+        # coefficients): small ones grow fast, and all end between about 0.7 and 1.2.
+        X = 3.4445 * X + (-4.7750 * A + 2.0315 * A @ A) @ X
     return X.mT if tall else X
 
 

@@ -268,7 +268,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
                 stop, diverged = distributed.agree(trainer, max(caught, default=0), world,
                                                    check or world > 1)
                 if diverged:
-                    raise distributed.Failed(diverged_message(trainer), shown=rank == 0)
+                    raise distributed.Failed(cli.diverged(trainer), shown=rank == 0)
                 if logged or stop:
                     log(progress.line(trainer.loss.item()))
                 if stop:
@@ -360,19 +360,6 @@ def held_out_read(held_out):
     if held_out <= gpt.MAX_EVAL_TOKENS:
         return f"the whole held-out split ({held_out - 1:,} tokens)"
     return f"the first {gpt.MAX_EVAL_TOKENS:,} of {held_out:,} held-out tokens"
-
-
-def diverged_message(trainer):
-    """What a loss that is not finite says: where, and each option that can make training diverge,
-    without guessing which one did."""
-    tc = trainer.tc
-    rates = f"--learning_rate {tc.learning_rate:g}"
-    if tc.optimizer == "muon":
-        rates += f", --muon_lr {tc.muon_lr:g}"
-    kept = f"; the last good checkpoint in {tc.out_dir} is left as it was" if tc.out_dir else ""
-    return (f"the training loss is {trainer.loss.item()} at iteration {trainer.it}: training diverged. "
-            f"Too high a {rates} or --weight_decay {tc.weight_decay:g}, too short a --warmup_iters "
-            f"{tc.warmup_iters}, or --grad_clip {tc.grad_clip:g} (0: off) can cause it{kept}")
 
 
 def main(argv=None):
