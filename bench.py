@@ -502,6 +502,7 @@ class Setting:
     compile: bool = False  # the step through torch.compile, its compiling on the run's clock
     matmul_dtype: torch.dtype = None  # Muon's products in this dtype, in place of gpt.matmul_dtype's choice
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
+    batch: object = None  # draws a training batch, (trainer, split) -> (x, y), in place of gpt.Trainer.batch
 
 
 @contextlib.contextmanager
@@ -513,6 +514,8 @@ def patched(setting):
         if setting.ns_steps:
             fewer = functools.partial(gpt.newton_schulz, steps=setting.ns_steps)
             stack.enter_context(unittest.mock.patch.object(gpt, "newton_schulz", fewer))
+        if setting.batch:
+            stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", setting.batch))
         if setting.matmul_dtype:
             stack.enter_context(unittest.mock.patch.object(gpt, "matmul_dtype", lambda device: setting.matmul_dtype))
         yield
@@ -563,9 +566,11 @@ def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, 
                          val_loss=trainer.history[-1]["val"])
 
 
-def compare(settings, seconds, path, rounds, device="cpu", log=functools.partial(print, flush=True), **changes):
+def compare(settings, seconds, path, rounds, device="cpu", log=functools.partial(print, flush=True), steps=None,
+            **changes):
     """Each of settings {name: Setting} trained for `seconds` on the text (or ids) at path, one after the other,
-    `rounds` times; [{round, setting, and train_setting's figures}], each logged as it ends."""
+    `rounds` times; [{round, setting, and train_setting's figures}], each logged as it ends. With steps, each trains
+    that many steps instead, round r from seed + r - 1: equal steps, which a drifting machine cannot blur."""
     ids, tokenizer = data.read_data(data.DataFile(path, None))
     # The first step in a process pays for setting torch up: taken here, untimed, it falls on no setting.
     tiny = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2)
@@ -575,6 +580,9 @@ def compare(settings, seconds, path, rounds, device="cpu", log=functools.partial
     rows = []
     for r in range(1, rounds + 1):
         # Every other round in reverse order: a machine whose speed drifts favours no setting.
+        if steps:
+            seed = changes.get("seed", gpt.TrainConfig.seed) + r - 1
+            changes = {**changes, "max_iters": steps, "max_time": 0.0, "seed": seed}
         for name in names if r % 2 else names[::-1]:
             _, run = train_setting(settings[name], seconds, ids, tokenizer, device, **changes)
             rows.append(dict(round=r, setting=name, **run))
@@ -694,6 +702,66 @@ def x0_shortcut(config):
     return model
 
 
+class SoftcapHead(torch.nn.Linear):
+    """The output layer with its logits squashed into (-cap, cap) by cap * tanh(logits / cap): no logit can run
+    far ahead of the others (Gemma 2's and modded-nanogpt's soft-capping)."""
+
+    def __init__(self, head, cap):
+        super().__init__(head.in_features, head.out_features, bias=False)
+        self.weight = head.weight
+        self.cap = cap
+
+    def forward(self, x):
+        return self.cap * torch.tanh(super().forward(x) / self.cap)
+
+
+def softcapped(config, cap=15.0):
+    """The default model with its logits soft-capped at cap (SoftcapHead)."""
+    model = gpt.GPT(config)
+    model.lm_head = SoftcapHead(model.lm_head, cap)
+    return model
+
+
+class ValueEmbeddingGPT(gpt.GPT):
+    """The default model with a table of vectors per block, one row per token, added to that block's attention
+    values (modded-nanogpt's value embeddings); zero at first, so it starts as the default model. The tables sit
+    outside the blocks, so AdamW steps them as it steps the other tables. For training and evaluation."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.value_embeds = torch.nn.ModuleList(torch.nn.Embedding(config.vocab_size, config.n_embd) for _ in self.h)
+        for block, table in zip(self.h, self.value_embeds):
+            torch.nn.init.zeros_(table.weight)
+            block.attn.heads = functools.partial(self.heads_with_values, block.attn, table)
+
+    def embed(self, idx, start=0, cache=None):
+        self.idx = idx  # the ids whose values the blocks' attention reads
+        return super().embed(idx, start, cache)
+
+    def heads_with_values(self, attn, table, x, rope=None):
+        q, k, v = gpt.CausalSelfAttention.heads(attn, x, rope)
+        B, T, _ = x.shape
+        return q, k, v + table(self.idx).view(B, T, attn.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
+
+
+# gpt.Trainer's own batches, which a Setting's batch stands in for while its run trains.
+TRAINER_BATCH = gpt.Trainer.batch
+
+
+def short_context_first(trainer, split, share=0.3):
+    """Batches of twice the rows at half the context for the first share of the run (its steps, or its seconds
+    with max_time), then the run's own: the same tokens a step, more windows early, when little context is used."""
+    tc = trainer.tc
+    done = trainer.elapsed / tc.max_time if tc.max_time else trainer.it / tc.max_iters
+    if done >= share:
+        return TRAINER_BATCH(trainer, split)
+    data = trainer.splits[split]
+    T = tc.block_size // 2
+    ix = torch.randint(len(data) - T, (2 * tc.batch_size, 1), generator=trainer.generator)
+    xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(trainer.device)  # (2B, T / 2 + 1)
+    return xy[:, :-1], xy[:, 1:]
+
+
 # The lists the harness takes, {name: Setting}, the first the one the others are set beside.
 OPTIMIZERS = {name: Setting(changes=dict(optimizer=name)) for name in cli.FIELDS["optimizer"].metadata["choices"]}
 # The default block and a change of it each.
@@ -721,6 +789,12 @@ CANDIDATES = {
     "AdamW at 6e-3": Setting(changes=dict(learning_rate=6e-3, min_lr=6e-4)),
     "Muon's momentum flat": Setting(changes=dict(muon_momentum_start=0.95)),
     "trigram table": Setting(model=TrigramGPT),
+    "batch 16": Setting(changes=dict(batch_size=16)),
+    "cooldown to zero": Setting(changes=dict(min_lr=0.0)),
+    "logits soft-capped at 15": Setting(model=softcapped),
+    "value embeddings": Setting(model=ValueEmbeddingGPT),
+    "Muon in float32": Setting(matmul_dtype=torch.float32),
+    "half the context, twice the rows, for the first 30%": Setting(batch=short_context_first),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.
@@ -926,9 +1000,12 @@ def make_parser():
     for mode, what in (("optimizers", "with each optimizer"), ("variants", "and each variant of its block"),
                        ("candidates", "and each candidate for its recipe"),
                        ("copier", "through train.py's run and gpt.train, and with AdamW alone")):
-        add(f"--{mode}", type=cli.SECONDS, metavar="SECONDS",
-            help=f"instead: train the default CPU config {what} this long, in alternating rounds ({HARNESSES[mode][1]} "
-                 f"by default), and compare their val losses on the whole held-out split")
+        add(f"--{mode}", type=cli.SECONDS, metavar="SECONDS", nargs="?", const=0.0,
+            help=f"instead: train the default CPU config {what} this long (or --steps), in alternating rounds "
+                 f"({HARNESSES[mode][1]} by default), and compare their val losses on the whole held-out split")
+    add("--steps", type=cli.AT_LEAST_1, metavar="N",
+        help="with a harness and no SECONDS: train each setting N steps, round r from seed 1337 + r - 1, and compare "
+             "at equal steps (each one's steps a second still printed)")
     add("--runs", type=cli.AT_LEAST_1, metavar="N",
         help="with --quality: this many runs, each printed, then their medians; with a harness (--optimizers, "
              "--variants, --candidates, --copier): this many rounds")
@@ -958,16 +1035,21 @@ def check_args(parser, args):
     harness = any(asked(args, mode) for mode in HARNESSES)
     if args.quality is not None and bool(args.quality) == bool(args.nanogpt):
         parser.error("--quality takes SECONDS, or with --nanogpt DIR none: nanoGPT's recipe sets the time")
-    if args.only and not args.optimizers:
+    if args.only and not asked(args, "optimizers"):
         parser.error("--only goes with --optimizers")
+    for mode in HARNESSES:
+        if asked(args, mode) and bool(getattr(args, mode)) == bool(args.steps):
+            parser.error(f"--{mode} takes SECONDS, or with --steps N none")
+    if args.steps and not harness:
+        parser.error("--steps goes with --optimizers, --variants, --candidates or --copier")
     if args.set and not harness:
         parser.error("--set goes with --optimizers, --variants, --candidates or --copier")
     if args.runs and not (harness or args.quality is not None):
         parser.error("--runs goes with --quality, --optimizers, --variants, --candidates or --copier")
-    if args.variant and not args.variants:
+    if args.variant and not asked(args, "variants"):
         parser.error("--variant goes with --variants")
     versus = args.quality == 0.0 and args.nanogpt
-    if args.candidate and not (args.candidates or versus and len(args.candidate) == 1):
+    if args.candidate and not (asked(args, "candidates") or versus and len(args.candidate) == 1):
         parser.error("--candidate goes with --candidates, or once with --quality --nanogpt")
     try:  # the options together, as train.py holds them: min_lr at most learning_rate, say
         gpt.TrainConfig(**dict(args.set))
@@ -989,9 +1071,11 @@ def chosen(mode, args):
 def harness_mode(mode, args, device, figures):
     seconds = getattr(args, mode)
     rounds = args.runs or HARNESSES[mode][1]
-    print(f"--{mode}: {seconds:g} s of training each on {args.data}, in {rounds} round{'s' * (rounds > 1)}, every "
-          f"other one in reverse order; each one's loss on the whole held-out split:", flush=True)
-    rows = figures[mode] = compare(chosen(mode, args), seconds, args.data, rounds, device, **dict(args.set))
+    each = f"{args.steps} steps (round r from seed 1337 + r - 1)" if args.steps else f"{seconds:g} s of training"
+    print(f"--{mode}: {each} each on {args.data}, in {rounds} round{'s' * (rounds > 1)}, every other one in reverse "
+          f"order; each one's loss on the whole held-out split:", flush=True)
+    rows = figures[mode] = compare(chosen(mode, args), seconds, args.data, rounds, device, steps=args.steps,
+                                   **dict(args.set))
     print("\n".join(summary(rows)))
 
 

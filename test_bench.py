@@ -194,6 +194,20 @@ def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path):
     assert len(lines) == 2 and "minus" not in lines[0] and re.search(r"minus muon's [+-]\d\.\d{4}$", lines[1])
 
 
+def test_the_harness_at_equal_steps_trains_each_setting_those_steps_from_a_seed_a_round(tmp_path):
+    (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
+    options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
+    settings = {name: bench.CANDIDATES[name] for name in ("default", "logits soft-capped at 15")}
+    rows = bench.compare(settings, 0.0, str(tmp_path / "t.txt"), 2, log=lambda line: None, steps=3, **options)
+    assert [(row["round"], row["iters"]) for row in rows] == [(1, 3), (1, 3), (2, 3), (2, 3)]
+    # Round 1 from the default seed, round 2 from the next: the same setting parts; run again, it repeats exactly.
+    again = bench.compare(settings, 0.0, str(tmp_path / "t.txt"), 1, log=lambda line: None, steps=3, **options)
+    assert again[0]["val_loss"] == rows[0]["val_loss"] != rows[3]["val_loss"]
+    seeded = bench.compare({"default": settings["default"]}, 0.0, str(tmp_path / "t.txt"), 1, log=lambda line: None,
+                           steps=3, seed=1338, **options)
+    assert seeded[0]["val_loss"] == rows[3]["val_loss"]
+
+
 @pytest.mark.parametrize("flags, match", [
     (["--data", "TEXT", "--set", "block_size=5000"], "--block_size 5000 is too long for the 3000 tokens"),
     (["--data", "SHORT"], "--block_size 128 is too long for the 30 tokens"),
@@ -330,6 +344,10 @@ def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, 
     (["--set", "muon_lr=0.02"], "--set goes with --optimizers, --variants, --candidates or --copier"),
     (["--runs", "2", "--maps"], "--runs goes with --quality, --optimizers"),
     (["--copier", "1", "--runs", "0"], "must be at least 1, got 0"),
+    (["--candidates", "5", "--steps", "10"], "--candidates takes SECONDS, or with --steps N none"),
+    (["--variants"], "--variants takes SECONDS, or with --steps N none"),
+    (["--steps", "10"], "--steps goes with --optimizers, --variants, --candidates or --copier"),
+    (["--copier", "--steps", "0"], "must be at least 1, got 0"),
 ])
 def test_the_harness_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):
     with pytest.raises(SystemExit) as exit_info:
@@ -443,6 +461,52 @@ def test_the_trigram_candidate_adds_the_token_two_before_through_its_own_table()
     moved = (model.embed(changed)[0] != model.embed(idx)[0]).any(dim=-1).any(dim=0)  # (T,)
     # The token itself at 0, the bigram and trigram tables at 1, the trigram table alone at 2.
     assert moved.tolist() == [True, True, True, False, False, False]
+
+
+def test_the_soft_capped_head_bounds_every_logit_and_keeps_their_order():
+    torch.manual_seed(0)
+    model = bench.softcapped(gpt.GPTConfig(**TINY), cap=20.0)
+    torch.manual_seed(0)
+    plain = gpt.GPT(gpt.GPTConfig(**TINY))
+    with torch.no_grad():
+        for m in (model, plain):
+            m.lm_head.weight.mul_(300)  # logits far past the cap
+    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
+    capped, uncapped = model(idx)[0], plain(idx)[0]
+    assert uncapped.abs().max() > 30 and capped.abs().max() <= 20.0
+    assert torch.equal(capped.argmax(dim=-1), uncapped.argmax(dim=-1))
+    assert torch.allclose(capped, 20.0 * torch.tanh(uncapped / 20.0), atol=1e-5)
+
+
+def test_the_value_embeddings_start_as_the_default_model_add_to_each_blocks_values_and_step_with_adamw():
+    torch.manual_seed(0)
+    model = bench.ValueEmbeddingGPT(gpt.GPTConfig(**TINY))
+    torch.manual_seed(0)
+    plain = gpt.GPT(gpt.GPTConfig(**TINY))
+    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
+    assert torch.equal(model(idx)[0], plain(idx)[0])  # the tables are zero at first
+    torch.nn.init.normal_(model.value_embeds[1].weight)
+    x = torch.randn(2, 6, TINY["n_embd"])
+    model(idx)  # the ids the blocks' values read
+    for i, block in enumerate(model.h):
+        v = block.attn.heads(x)[2]
+        v_plain = gpt.CausalSelfAttention.heads(block.attn, x)[2]
+        assert torch.equal(v, v_plain) == (i == 0)
+    optimizers = gpt.configure_optimizers(model, gpt.TrainConfig(**TINY))
+    muon = {id(p) for p in optimizers[-1].param_groups[0]["params"]}
+    assert isinstance(optimizers[-1], gpt.Muon) and not muon & {id(t.weight) for t in model.value_embeds}
+
+
+def test_the_short_context_candidate_draws_twice_the_rows_at_half_the_context_for_the_first_30_percent():
+    tc = gpt.TrainConfig(**TINY, batch_size=3, max_iters=10, out_dir="")
+    trainer = gpt.Trainer(tc, torch.randint(0, TINY["vocab_size"], (1000,)), log=lambda line: None)
+    shapes = []
+    for it in range(10):
+        trainer.it = it
+        x, y = bench.short_context_first(trainer, "train")
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        shapes.append(tuple(x.shape))
+    assert shapes == [(6, 6)] * 3 + [(3, 12)] * 7
 
 
 def test_bench_quality_trains_a_candidates_model_beside_nanogpt_when_asked(tmp_path, monkeypatch, capsys):
