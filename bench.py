@@ -503,6 +503,7 @@ class Setting:
     matmul_dtype: torch.dtype = None  # Muon's products in this dtype, in place of gpt.matmul_dtype's choice
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
     batch: object = None  # draws a training batch, (trainer, split) -> (x, y), in place of gpt.Trainer.batch
+    optimizers: object = None  # (model, tc, device_type) -> optimizers, in place of gpt.configure_optimizers
 
 
 @contextlib.contextmanager
@@ -514,6 +515,8 @@ def patched(setting):
         if setting.ns_steps:
             fewer = functools.partial(gpt.newton_schulz, steps=setting.ns_steps)
             stack.enter_context(unittest.mock.patch.object(gpt, "newton_schulz", fewer))
+        if setting.optimizers:
+            stack.enter_context(unittest.mock.patch.object(gpt, "configure_optimizers", setting.optimizers))
         if setting.batch:
             stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", setting.batch))
         if setting.matmul_dtype:
@@ -744,6 +747,23 @@ class ValueEmbeddingGPT(gpt.GPT):
         return q, k, v + table(self.idx).view(B, T, attn.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
 
 
+# gpt.py's own optimizers, which a Setting's optimizers stands in for while its run trains.
+CONFIGURE_OPTIMIZERS = gpt.configure_optimizers
+
+
+def own_rate(name, lr):
+    """gpt.configure_optimizers, with the model's weight `name` (lm_head, bigram) in an AdamW group of its own at
+    peak rate lr."""
+    def configure(model, tc, device_type="cpu"):
+        optimizers = CONFIGURE_OPTIMIZERS(model, tc, device_type)
+        weight = getattr(model, name).weight
+        for group in optimizers[0].param_groups:
+            group["params"] = [p for p in group["params"] if p is not weight]
+        optimizers[0].add_param_group({"params": [weight], "lr": lr, "weight_decay": tc.weight_decay})
+        return optimizers
+    return configure
+
+
 # gpt.Trainer's own batches, which a Setting's batch stands in for while its run trains.
 TRAINER_BATCH = gpt.Trainer.batch
 
@@ -795,6 +815,10 @@ CANDIDATES = {
     "value embeddings": Setting(model=ValueEmbeddingGPT),
     "Muon in float32": Setting(matmul_dtype=torch.float32),
     "half the context, twice the rows, for the first 30%": Setting(batch=short_context_first),
+    "2 heads": Setting(changes=dict(n_head=2)),
+    "8 heads": Setting(changes=dict(n_head=8)),
+    "output layer at 0.01": Setting(optimizers=own_rate("lm_head", 0.01)),
+    "bigram table at 0.03": Setting(optimizers=own_rate("bigram", 0.03)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.
@@ -981,8 +1005,8 @@ def train_option(text):
 
 
 def names(settings):
-    """The settings' names after the first, as --help lists them."""
-    return " | ".join(list(settings)[1:])
+    """The settings' names after the first, as --help lists them (a % doubled, as argparse's help is a format)."""
+    return " | ".join(list(settings)[1:]).replace("%", "%%")
 
 
 def make_parser():

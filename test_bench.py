@@ -194,6 +194,15 @@ def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path):
     assert len(lines) == 2 and "minus" not in lines[0] and re.search(r"minus muon's [+-]\d\.\d{4}$", lines[1])
 
 
+def test_bench_help_names_every_candidate_and_variant(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--help"])
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines at spaces and hyphens
+    assert exit_info.value.code == 0
+    for name in [*list(bench.CANDIDATES)[1:], *list(bench.VARIANTS)[1:]]:
+        assert "".join(name.split()) in out, name
+
+
 def test_the_harness_at_equal_steps_trains_each_setting_those_steps_from_a_seed_a_round(tmp_path):
     (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
@@ -495,6 +504,17 @@ def test_the_value_embeddings_start_as_the_default_model_add_to_each_blocks_valu
     optimizers = gpt.configure_optimizers(model, gpt.TrainConfig(**TINY))
     muon = {id(p) for p in optimizers[-1].param_groups[0]["params"]}
     assert isinstance(optimizers[-1], gpt.Muon) and not muon & {id(t.weight) for t in model.value_embeds}
+
+
+@pytest.mark.parametrize("name", ["lm_head", "bigram"])
+def test_a_weight_at_its_own_rate_is_in_one_adamw_group_alone_at_that_rate(name):
+    model = gpt.GPT(gpt.GPTConfig(**TINY))
+    optimizers = bench.own_rate(name, 0.123)(model, gpt.TrainConfig(**TINY))
+    weight = getattr(model, name).weight
+    holding = [g for o in optimizers for g in o.param_groups if any(p is weight for p in g["params"])]
+    assert len(holding) == 1 and holding[0]["params"] == [weight] and holding[0]["lr"] == 0.123
+    everything = [p for o in optimizers for g in o.param_groups for p in g["params"]]
+    assert len(everything) == len(list(model.parameters()))  # every weight stepped, once
 
 
 def test_the_short_context_candidate_draws_twice_the_rows_at_half_the_context_for_the_first_30_percent():
