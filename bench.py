@@ -581,11 +581,11 @@ def compare(settings, seconds, path, rounds, device="cpu", log=functools.partial
     names = list(settings)
     width = max(map(len, names))
     rows = []
+    first_seed = changes.get("seed", gpt.TrainConfig.seed)
     for r in range(1, rounds + 1):
-        # Every other round in reverse order: a machine whose speed drifts favours no setting.
         if steps:
-            seed = changes.get("seed", gpt.TrainConfig.seed) + r - 1
-            changes = {**changes, "max_iters": steps, "max_time": 0.0, "seed": seed}
+            changes = {**changes, "max_iters": steps, "max_time": 0.0, "seed": first_seed + r - 1}
+        # Every other round in reverse order: a machine whose speed drifts favours no setting.
         for name in names if r % 2 else names[::-1]:
             _, run = train_setting(settings[name], seconds, ids, tokenizer, device, **changes)
             rows.append(dict(round=r, setting=name, **run))
@@ -1028,8 +1028,8 @@ def make_parser():
             help=f"instead: train the default CPU config {what} this long (or --steps), in alternating rounds "
                  f"({HARNESSES[mode][1]} by default), and compare their val losses on the whole held-out split")
     add("--steps", type=cli.AT_LEAST_1, metavar="N",
-        help="with a harness and no SECONDS: train each setting N steps, round r from seed 1337 + r - 1, and compare "
-             "at equal steps (each one's steps a second still printed)")
+        help="with a harness and no SECONDS: train each setting N steps, round r from seed S + r - 1 (S: 1337, or "
+             "--set seed=S), and compare at equal steps (each one's steps a second still printed)")
     add("--runs", type=cli.AT_LEAST_1, metavar="N",
         help="with --quality: this many runs, each printed, then their medians; with a harness (--optimizers, "
              "--variants, --candidates, --copier): this many rounds")
@@ -1095,7 +1095,8 @@ def chosen(mode, args):
 def harness_mode(mode, args, device, figures):
     seconds = getattr(args, mode)
     rounds = args.runs or HARNESSES[mode][1]
-    each = f"{args.steps} steps (round r from seed 1337 + r - 1)" if args.steps else f"{seconds:g} s of training"
+    seed = dict(args.set).get("seed", gpt.TrainConfig.seed)
+    each = f"{args.steps} steps (round r from seed {seed} + r - 1)" if args.steps else f"{seconds:g} s of training"
     print(f"--{mode}: {each} each on {args.data}, in {rounds} round{'s' * (rounds > 1)}, every other one in reverse "
           f"order; each one's loss on the whole held-out split:", flush=True)
     rows = figures[mode] = compare(chosen(mode, args), seconds, args.data, rounds, device, steps=args.steps,

@@ -203,7 +203,7 @@ def test_bench_help_names_every_candidate_and_variant(capsys):
         assert "".join(name.split()) in out, name
 
 
-def test_the_harness_at_equal_steps_trains_each_setting_those_steps_from_a_seed_a_round(tmp_path):
+def test_the_harness_at_equal_steps_trains_each_setting_those_steps_from_a_seed_a_round(tmp_path, monkeypatch):
     (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
     settings = {name: bench.CANDIDATES[name] for name in ("default", "logits soft-capped at 15")}
@@ -215,6 +215,16 @@ def test_the_harness_at_equal_steps_trains_each_setting_those_steps_from_a_seed_
     seeded = bench.compare({"default": settings["default"]}, 0.0, str(tmp_path / "t.txt"), 1, log=lambda line: None,
                            steps=3, seed=1338, **options)
     assert seeded[0]["val_loss"] == rows[3]["val_loss"]
+    # Each round's seed counts up from the first, however many rounds.
+    seen = []
+
+    def train_setting(*args, **changes):
+        seen.append(changes)
+        return None, dict(iters=3, steps_per_s=1.0, products="float32", val_loss=1.0)
+
+    monkeypatch.setattr(bench, "train_setting", train_setting)
+    bench.compare(settings, 0.0, str(tmp_path / "t.txt"), 4, log=lambda line: None, steps=3, seed=7, **options)
+    assert [(c["seed"], c["max_iters"], c["max_time"]) for c in seen] == [(s, 3, 0.0) for s in (7, 7, 8, 8, 9, 9, 10, 10)]
 
 
 @pytest.mark.parametrize("flags, match", [
