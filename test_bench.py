@@ -224,7 +224,8 @@ def test_the_harness_at_equal_steps_trains_each_setting_those_steps_from_a_seed_
 
     monkeypatch.setattr(bench, "train_setting", train_setting)
     bench.compare(settings, 0.0, str(tmp_path / "t.txt"), 4, log=lambda line: None, steps=3, seed=7, **options)
-    assert [(c["seed"], c["max_iters"], c["max_time"]) for c in seen] == [(s, 3, 0.0) for s in (7, 7, 8, 8, 9, 9, 10, 10)]
+    expected = [(seed, 3, 0.0) for seed in (7, 7, 8, 8, 9, 9, 10, 10)]
+    assert [(c["seed"], c["max_iters"], c["max_time"]) for c in seen] == expected
 
 
 @pytest.mark.parametrize("flags, match", [
