@@ -747,6 +747,38 @@ class ValueEmbeddingGPT(gpt.GPT):
         return q, k, v + table(self.idx).view(B, T, attn.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
 
 
+class PairLogitsGPT(gpt.GPT):
+    """The default model with a second table of token pairs (the token before, the token), read out at the output:
+    each pair's row, vocab_size wide, added to the logits of the next token, so that what a trigram model knows
+    reaches the output without the blocks; zero at first. For training and evaluation (a cache would need the
+    pairs)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.pair_logits = torch.nn.Embedding(config.bigram, config.vocab_size)
+        torch.nn.init.zeros_(self.pair_logits.weight)
+        head = self.lm_head
+        self.lm_head = PairLogitsHead(head, self)
+
+    def embed(self, idx, start=0, cache=None):
+        before = torch.nn.functional.pad(idx, (1, 0), value=-1)[:, :-1]  # (B, T)
+        self.pairs = (before.long() * self.config.vocab_size + idx) % self.config.bigram
+        return super().embed(idx, start, cache)
+
+
+class PairLogitsHead(torch.nn.Linear):
+    """The output layer, plus the pair table's row of each position (PairLogitsGPT)."""
+
+    def __init__(self, head, model):
+        super().__init__(head.in_features, head.out_features, bias=False)
+        self.weight = head.weight
+        self.model = [model]  # in a list, so that the model is not a submodule of its own head
+
+    def forward(self, x):
+        model = self.model[0]
+        return super().forward(x) + model.pair_logits(model.pairs)
+
+
 # gpt.py's own optimizers, which a Setting's optimizers stands in for while its run trains.
 CONFIGURE_OPTIMIZERS = gpt.configure_optimizers
 
@@ -819,6 +851,7 @@ CANDIDATES = {
     "8 heads": Setting(changes=dict(n_head=8)),
     "output layer at 0.01": Setting(optimizers=own_rate("lm_head", 0.01)),
     "bigram table at 0.03": Setting(optimizers=own_rate("bigram", 0.03)),
+    "pair logits": Setting(model=PairLogitsGPT),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

@@ -528,6 +528,20 @@ def test_a_weight_at_its_own_rate_is_in_one_adamw_group_alone_at_that_rate(name)
     assert len(everything) == len(list(model.parameters()))  # every weight stepped, once
 
 
+def test_the_pair_logits_start_as_the_default_model_and_add_each_pairs_row_to_the_next_tokens_logits():
+    torch.manual_seed(0)
+    model = bench.PairLogitsGPT(gpt.GPTConfig(**TINY))
+    torch.manual_seed(0)
+    plain = gpt.GPT(gpt.GPTConfig(**TINY))
+    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
+    assert torch.equal(model(idx)[0], plain(idx)[0])  # the table is zero at first
+    torch.nn.init.normal_(model.pair_logits.weight)
+    v, rows = TINY["vocab_size"], model.config.bigram
+    pairs = (torch.cat([torch.full((2, 1), -1), idx[:, :-1]], dim=1) * v + idx) % rows  # (B, T)
+    assert torch.allclose(model(idx)[0] - plain(idx)[0], model.pair_logits.weight[pairs], atol=1e-5)
+    assert "pair_logits.weight" in dict(model.named_parameters()) and "lm_head.model" not in str(model)
+
+
 def test_the_short_context_candidate_draws_twice_the_rows_at_half_the_context_for_the_first_30_percent():
     tc = gpt.TrainConfig(**TINY, batch_size=3, max_iters=10, out_dir="")
     trainer = gpt.Trainer(tc, torch.randint(0, TINY["vocab_size"], (1000,)), log=lambda line: None)
