@@ -852,6 +852,7 @@ CANDIDATES = {
     "output layer at 0.01": Setting(optimizers=own_rate("lm_head", 0.01)),
     "bigram table at 0.03": Setting(optimizers=own_rate("bigram", 0.03)),
     "pair logits": Setting(model=PairLogitsGPT),
+    "pair logits, 2 heads, cooldown to zero": Setting(changes=dict(n_head=2, min_lr=0.0), model=PairLogitsGPT),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.
