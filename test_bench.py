@@ -467,12 +467,17 @@ class GPT(torch.nn.Module):
 '''
 
 
-def test_the_trigram_candidate_adds_the_token_two_before_through_its_own_table():
+def beside_the_default(build):
+    """(build's model, the default model with the weights the same seed gives, ids (2, 6)), both of TINY's config."""
     torch.manual_seed(0)
-    model = bench.TrigramGPT(gpt.GPTConfig(**TINY))
+    model = build(gpt.GPTConfig(**TINY))
     torch.manual_seed(0)
     plain = gpt.GPT(gpt.GPTConfig(**TINY))
-    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
+    return model, plain, torch.randint(0, TINY["vocab_size"], (2, 6))
+
+
+def test_the_trigram_candidate_adds_the_token_two_before_through_its_own_table():
+    model, plain, idx = beside_the_default(bench.TrigramGPT)
     # Zero at first: the default model's embedding, its other weights as the default seeds them.
     assert torch.equal(model.embed(idx)[0], plain.embed(idx)[0])
     torch.nn.init.normal_(model.trigram.weight)
@@ -484,14 +489,10 @@ def test_the_trigram_candidate_adds_the_token_two_before_through_its_own_table()
 
 
 def test_the_soft_capped_head_bounds_every_logit_and_keeps_their_order():
-    torch.manual_seed(0)
-    model = bench.softcapped(gpt.GPTConfig(**TINY), cap=20.0)
-    torch.manual_seed(0)
-    plain = gpt.GPT(gpt.GPTConfig(**TINY))
+    model, plain, idx = beside_the_default(lambda config: bench.softcapped(config, cap=20.0))
     with torch.no_grad():
         for m in (model, plain):
             m.lm_head.weight.mul_(300)  # logits far past the cap
-    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
     capped, uncapped = model(idx)[0], plain(idx)[0]
     assert uncapped.abs().max() > 30 and capped.abs().max() <= 20.0
     assert torch.equal(capped.argmax(dim=-1), uncapped.argmax(dim=-1))
@@ -499,11 +500,7 @@ def test_the_soft_capped_head_bounds_every_logit_and_keeps_their_order():
 
 
 def test_the_value_embeddings_start_as_the_default_model_add_to_each_blocks_values_and_step_with_adamw():
-    torch.manual_seed(0)
-    model = bench.ValueEmbeddingGPT(gpt.GPTConfig(**TINY))
-    torch.manual_seed(0)
-    plain = gpt.GPT(gpt.GPTConfig(**TINY))
-    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
+    model, plain, idx = beside_the_default(bench.ValueEmbeddingGPT)
     assert torch.equal(model(idx)[0], plain(idx)[0])  # the tables are zero at first
     torch.nn.init.normal_(model.value_embeds[1].weight)
     x = torch.randn(2, 6, TINY["n_embd"])
@@ -529,11 +526,7 @@ def test_a_weight_at_its_own_rate_is_in_one_adamw_group_alone_at_that_rate(name)
 
 
 def test_the_pair_logits_start_as_the_default_model_and_add_each_pairs_row_to_the_next_tokens_logits():
-    torch.manual_seed(0)
-    model = bench.PairLogitsGPT(gpt.GPTConfig(**TINY))
-    torch.manual_seed(0)
-    plain = gpt.GPT(gpt.GPTConfig(**TINY))
-    idx = torch.randint(0, TINY["vocab_size"], (2, 6))
+    model, plain, idx = beside_the_default(bench.PairLogitsGPT)
     assert torch.equal(model(idx)[0], plain(idx)[0])  # the table is zero at first
     torch.nn.init.normal_(model.pair_logits.weight)
     v, rows = TINY["vocab_size"], model.config.bigram
