@@ -504,11 +504,13 @@ class Setting:
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
     batch: object = None  # draws a training batch, (trainer, split) -> (x, y), in place of gpt.Trainer.batch
     optimizers: object = None  # (model, tc, device_type) -> optimizers, in place of gpt.configure_optimizers
+    autocast: torch.dtype = None  # the steps and evaluations under autocast to this dtype, in place of gpt.autocast's
 
 
 @contextlib.contextmanager
 def patched(setting):
-    """gpt.py's schedule, Newton-Schulz iterations and Muon's dtype as setting changes them; put back after."""
+    """gpt.py's schedule, Newton-Schulz iterations, optimizers, batches, autocast and Muon's dtype as setting changes
+    them; put back after."""
     with contextlib.ExitStack() as stack:
         if setting.lr_at:
             stack.enter_context(unittest.mock.patch.object(gpt, "lr_at", setting.lr_at))
@@ -519,6 +521,9 @@ def patched(setting):
             stack.enter_context(unittest.mock.patch.object(gpt, "configure_optimizers", setting.optimizers))
         if setting.batch:
             stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", setting.batch))
+        if setting.autocast:
+            amp = lambda device: torch.autocast(device.type, setting.autocast)  # noqa: E731
+            stack.enter_context(unittest.mock.patch.object(gpt, "autocast", amp))
         if setting.matmul_dtype:
             stack.enter_context(unittest.mock.patch.object(gpt, "matmul_dtype", lambda device: setting.matmul_dtype))
         yield
@@ -645,6 +650,45 @@ def normed_heads(attn, x, rope=None):
     q, k, v = gpt.CausalSelfAttention.heads(attn, x, rope)
     rms = functools.partial(torch.nn.functional.rms_norm, normalized_shape=q.shape[-1:], eps=1e-5)
     return rms(q), rms(k), v
+
+
+def qk_norm_gains(config):
+    """QK-norm as OLMo 2 and Qwen3 have it: an RMSNorm with a learned gain a channel of the head, on each query and
+    key before the rotary turn; the gains let the attention grow sharper than unit-RMS queries and keys would."""
+    model = gpt.GPT(config)
+    hs = config.n_embd // config.n_head
+    for block in model.h:
+        block.attn.q_norm = torch.nn.RMSNorm(hs, eps=1e-5)
+        block.attn.k_norm = torch.nn.RMSNorm(hs, eps=1e-5)
+        block.attn.heads = functools.partial(gained_heads, block.attn)
+    return model
+
+
+def gained_heads(attn, x, rope=None):
+    """gpt.CausalSelfAttention.heads with the queries and keys normed by attn's q_norm and k_norm, then turned."""
+    q, k, v = gpt.CausalSelfAttention.heads(attn, x)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if rope is None:
+        return q, k, v
+    return gpt.rope_forward(q, *rope), gpt.rope_forward(k, *rope), v
+
+
+def float32_attention(config):
+    """gpt.py's model, its attention's scores and mix computed in float32 under autocast: on a CPU, bfloat16's
+    flash attention steps backward slower than float32's. (Without dropout or a KV cache: for training alone.)"""
+    model = gpt.GPT(config)
+    for block in model.h:
+        block.attn.forward = functools.partial(attention_in_float32, block.attn)
+    return model
+
+
+def attention_in_float32(attn, x, rope=None, cache=None):
+    """gpt.CausalSelfAttention.forward with scaled_dot_product_attention out of autocast, on float32 q, k and v;
+    the block's cache is always None in training."""
+    q, k, v = attn.heads(x, rope)
+    with torch.autocast(x.device.type, enabled=False):
+        y = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    return attn.c_proj(y.transpose(1, 2).flatten(2))
 
 
 def zero_c_proj(config):
@@ -853,6 +897,13 @@ CANDIDATES = {
     "bigram table at 0.03": Setting(optimizers=own_rate("bigram", 0.03)),
     "pair logits": Setting(model=PairLogitsGPT),
     "pair logits, 2 heads, cooldown to zero": Setting(changes=dict(n_head=2, min_lr=0.0), model=PairLogitsGPT),
+    "Muon at 0.007": Setting(changes=dict(muon_lr=0.007)),
+    "Muon at 0.005": Setting(changes=dict(muon_lr=0.005)),
+    "AdamW at 1.5e-3": Setting(changes=dict(learning_rate=1.5e-3, min_lr=1.5e-4)),
+    "Muon's momentum from 0.7": Setting(changes=dict(muon_momentum_start=0.7)),
+    "qk-norm": Setting(model=qk_norm),
+    "qk-norm with gains": Setting(model=qk_norm_gains),
+    "bfloat16 autocast, attention in float32": Setting(autocast=torch.bfloat16, model=float32_attention),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

@@ -304,6 +304,37 @@ def test_each_candidate_trains_as_it_says_in_alternating_rounds_and_gpt_py_is_pu
     assert [r["products"] for r in rows[:5]] == ["float32", "float32", "float32", "bfloat16", "float32"]
 
 
+def test_the_bfloat16_candidate_steps_under_autocast_with_its_attention_in_float32_and_puts_autocast_back(
+        monkeypatch):
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = bench.float32_attention(config)
+    attn, x, rope = model.h[0].attn, torch.randn(2, 16, 16), gpt.rope_tables(config)
+    # Without autocast, gpt.py's attention; under it, the scores and mix in float32, the maps in bfloat16.
+    torch.testing.assert_close(attn(x, rope), gpt.CausalSelfAttention.forward(attn, x, rope))
+    mixed = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *qkv, **kw: mixed.append({t.dtype for t in qkv}) or real_sdpa(*qkv, **kw))
+    with torch.autocast("cpu", torch.bfloat16):
+        y = attn(x, rope)
+    assert mixed == [{torch.float32}] and y.dtype == torch.bfloat16
+    monkeypatch.undo()
+    seen = []
+    real_steps = gpt.Trainer.steps
+
+    def steps(trainer):
+        seen.append((trainer.amp.fast_dtype, trainer.amp._enabled))
+        return real_steps(trainer)
+
+    monkeypatch.setattr(gpt.Trainer, "steps", steps)
+    real_autocast = gpt.autocast
+    _, run = bench.train_setting(bench.CANDIDATES["bfloat16 autocast, attention in float32"], 0.05,
+                                 torch.arange(3000) % 13, gpt.CharTokenizer("abcdefghijklm"), n_layer=1, n_embd=16,
+                                 n_head=2, block_size=16, batch_size=2)
+    assert seen == [(torch.bfloat16, True)] and math.isfinite(run["val_loss"]) and gpt.autocast is real_autocast
+
+
 def test_the_copiers_rows_train_gpt_train_s_weights_through_train_py_and_gpt_train(tmp_path):
     """train.py's row runs train.run, the copier's gpt.Trainer as gpt.train does: the same weights."""
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, max_time=0.0, max_iters=3,
@@ -402,6 +433,29 @@ def test_the_qk_norm_variant_norms_each_heads_query_and_key_and_is_otherwise_gpt
     torch.testing.assert_close(q, q0 / q0.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt())
     y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
     torch.testing.assert_close(attn(x, rope), attn.c_proj(y), rtol=1e-5, atol=1e-6)
+
+
+def test_qk_norm_with_gains_norms_queries_and_keys_before_the_turn_and_its_gains_learn_with_adamw():
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = bench.qk_norm_gains(config)
+    attn = model.h[0].attn
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 2.0)  # gains that differ by channel, which a turn does not commute with
+    x = 10 * torch.randn(2, 16, 16)
+    rope = gpt.rope_tables(config)
+    q, k, v = attn.heads(x, rope)
+    q0, k0, v0 = gpt.CausalSelfAttention.heads(attn, x)  # unturned
+    rms = q0.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
+    torch.testing.assert_close(q, gpt.rope_forward(q0 / rms * attn.q_norm.weight, *rope))
+    torch.testing.assert_close(v, v0)
+    # Turned after the norm: the normed, ungained keys keep a mean square of 1.
+    torch.testing.assert_close(k.pow(2).mean(-1), torch.ones(2, 2, 16), rtol=0, atol=1e-3)
+    # The gains are vectors: AdamW's, never Muon's.
+    adamw, muon = gpt.configure_optimizers(model, gpt.TrainConfig())
+    in_adamw = {id(p) for group in adamw.param_groups for p in group["params"]}
+    assert id(attn.q_norm.weight) in in_adamw and id(attn.k_norm.weight) in in_adamw
+    assert all(p.dim() == 2 for group in muon.param_groups for p in group["params"])
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(bias=True, pos="learned")])
