@@ -504,13 +504,16 @@ class Setting:
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
     batch: object = None  # draws a training batch, (trainer, split) -> (x, y), in place of gpt.Trainer.batch
     optimizers: object = None  # (model, tc, device_type) -> optimizers, in place of gpt.configure_optimizers
-    autocast: torch.dtype = None  # the steps and evaluations under autocast to this dtype, in place of gpt.autocast's
+    autocast: object = None  # (device) -> the autocast the steps and evaluations run under, in place of gpt.autocast
 
 
 @contextlib.contextmanager
-def patched(setting):
+def patched(setting, device="cpu"):
     """gpt.py's schedule, Newton-Schulz iterations, optimizers, batches, autocast and Muon's dtype as setting changes
     them; put back after."""
+    # This machine's autocast on device, made before Muon's dtype is patched, which gpt.autocast follows: a setting
+    # of Muon's products changes them alone.
+    machines = gpt.autocast(torch.device(device))
     with contextlib.ExitStack() as stack:
         if setting.lr_at:
             stack.enter_context(unittest.mock.patch.object(gpt, "lr_at", setting.lr_at))
@@ -521,11 +524,11 @@ def patched(setting):
             stack.enter_context(unittest.mock.patch.object(gpt, "configure_optimizers", setting.optimizers))
         if setting.batch:
             stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", setting.batch))
-        if setting.autocast:
-            amp = lambda device: torch.autocast(device.type, setting.autocast)  # noqa: E731
-            stack.enter_context(unittest.mock.patch.object(gpt, "autocast", amp))
         if setting.matmul_dtype:
             stack.enter_context(unittest.mock.patch.object(gpt, "matmul_dtype", lambda device: setting.matmul_dtype))
+            stack.enter_context(unittest.mock.patch.object(gpt, "autocast", lambda device: machines))
+        if setting.autocast:
+            stack.enter_context(unittest.mock.patch.object(gpt, "autocast", setting.autocast))
         yield
 
 
@@ -557,7 +560,7 @@ def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, 
     tc = gpt.TrainConfig(**{**run, **changes, **setting.changes})
     # train.py's checks of the data, before minutes of training.
     data.check_fits(ids, vocab_size, tc.block_size)
-    with patched(setting):
+    with patched(setting, device):
         if setting.train_py:
             trainer, _ = train.run(tc, ids, log=lambda *args: None, compile=setting.compile,
                                    given={"vocab_size": vocab_size})
@@ -671,24 +674,6 @@ def gained_heads(attn, x, rope=None):
     if rope is None:
         return q, k, v
     return gpt.rope_forward(q, *rope), gpt.rope_forward(k, *rope), v
-
-
-def float32_attention(config):
-    """gpt.py's model, its attention's scores and mix computed in float32 under autocast: on a CPU, bfloat16's
-    flash attention steps backward slower than float32's. (Without dropout or a KV cache: for training alone.)"""
-    model = gpt.GPT(config)
-    for block in model.h:
-        block.attn.forward = functools.partial(attention_in_float32, block.attn)
-    return model
-
-
-def attention_in_float32(attn, x, rope=None, cache=None):
-    """gpt.CausalSelfAttention.forward with scaled_dot_product_attention out of autocast, on float32 q, k and v;
-    the block's cache is always None in training."""
-    q, k, v = attn.heads(x, rope)
-    with torch.autocast(x.device.type, enabled=False):
-        y = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
-    return attn.c_proj(y.transpose(1, 2).flatten(2))
 
 
 def zero_c_proj(config):
@@ -903,7 +888,7 @@ CANDIDATES = {
     "Muon's momentum from 0.7": Setting(changes=dict(muon_momentum_start=0.7)),
     "qk-norm": Setting(model=qk_norm),
     "qk-norm with gains": Setting(model=qk_norm_gains),
-    "bfloat16 autocast, attention in float32": Setting(autocast=torch.bfloat16, model=float32_attention),
+    "float32 steps": Setting(autocast=lambda device: torch.autocast(device.type, enabled=False)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

@@ -145,12 +145,15 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.heads(x, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nh, positions so far, hs)
-        # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not
-        # grow with the head size. is_causal lets query i see keys 0 to i, right
-        # when q and k start together; the one query after a cache is the newest
-        # position and must see every key, so it goes unmasked.
+        # Scores are scaled by 1/sqrt(hs), so that softmax's sharpness does not grow with the
+        # head size. is_causal lets query i see keys 0 to i, right when q and k start together;
+        # the one query after a cache is the newest position and must see every key: unmasked.
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
+        # A CPU's bf16 attention steps backward slower than its fp32: there it runs in x's dtype,
+        # out of the CPU's autocast. A GPU's autocast casts q, k, v back to bf16, its fast kind.
+        with torch.autocast("cpu", enabled=False):
+            q, k, v = q.to(x.dtype), k.to(x.dtype), v.to(x.dtype)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
         y = y.transpose(1, 2).flatten(2)  # (B, T, nh * hs): the heads side by side again
         return F.dropout(self.c_proj(y), self.dropout, self.training)
 
@@ -360,12 +363,6 @@ def get_device(name=None):
     return torch.device(fallback)
 
 
-def autocast(device):
-    """bf16 autocast on a GPU that has bf16; fp32 elsewhere (fp16 would need a gradient scaler)."""
-    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    return torch.autocast(device.type, torch.bfloat16, enabled=bf16)
-
-
 def matmul_dtype(device):
     """bfloat16 where device multiplies it in hardware (CUDA; a CPU with AVX512-BF16 or AMX),
     float32 elsewhere, where emulated bfloat16 products run several times slower."""
@@ -374,6 +371,12 @@ def matmul_dtype(device):
     cpu = torch.cpu.get_capabilities() if device.type == "cpu" else {}
     native = cpu.get("avx512_bf16", False) or cpu.get("amx_bf16", False)
     return torch.bfloat16 if native else torch.float32
+
+
+def autocast(device):
+    """bf16 autocast where matmul_dtype is bf16 (fp16 would need a gradient scaler), else fp32."""
+    bf16 = matmul_dtype(device) == torch.bfloat16
+    return torch.autocast(device.type, torch.bfloat16, enabled=bf16)
 
 
 def newton_schulz(G, steps=5):
@@ -558,12 +561,11 @@ def split_loss(model, data, batch_size):
     """The mean loss of model (in eval mode) over data cut into back-to-back windows of block_size,
     batch_size windows a forward: every id but the first predicted once, the same every time."""
     T = model.config.block_size
-    device = model.lm_head.weight.device
     total = 0.0
     for i in range(0, len(data) - 1, batch_size * T):
         # Read by index, as batch() reads: a copy of these ids (a memmap's slice is read-only).
         pos = torch.arange(i, min(i + batch_size * T + 1, len(data)))
-        ids = torch.as_tensor(data[pos]).long().to(device)
+        ids = torch.as_tensor(data[pos]).long().to(model.lm_head.weight.device)
         # The last window is padded to T: causal attention hides the padding from
         # the tokens before it, and cross_entropy leaves out targets of -100.
         pad = -(len(ids) - 1) % T

@@ -304,35 +304,24 @@ def test_each_candidate_trains_as_it_says_in_alternating_rounds_and_gpt_py_is_pu
     assert [r["products"] for r in rows[:5]] == ["float32", "float32", "float32", "bfloat16", "float32"]
 
 
-def test_the_bfloat16_candidate_steps_under_autocast_with_its_attention_in_float32_and_puts_autocast_back(
-        monkeypatch):
-    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=16)
-    torch.manual_seed(0)
-    model = bench.float32_attention(config)
-    attn, x, rope = model.h[0].attn, torch.randn(2, 16, 16), gpt.rope_tables(config)
-    # Without autocast, gpt.py's attention; under it, the scores and mix in float32, the maps in bfloat16.
-    torch.testing.assert_close(attn(x, rope), gpt.CausalSelfAttention.forward(attn, x, rope))
-    mixed = []
-    real_sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *qkv, **kw: mixed.append({t.dtype for t in qkv}) or real_sdpa(*qkv, **kw))
-    with torch.autocast("cpu", torch.bfloat16):
-        y = attn(x, rope)
-    assert mixed == [{torch.float32}] and y.dtype == torch.bfloat16
-    monkeypatch.undo()
+def test_float32_steps_leave_autocast_off_and_a_setting_of_muons_products_leaves_the_steps_autocast(monkeypatch):
+    monkeypatch.setattr(gpt, "matmul_dtype", lambda device: torch.bfloat16)  # as on a CPU with native bfloat16
     seen = []
     real_steps = gpt.Trainer.steps
 
     def steps(trainer):
-        seen.append((trainer.amp.fast_dtype, trainer.amp._enabled))
+        seen.append((trainer.amp._enabled, gpt.matmul_dtype(trainer.device)))
         return real_steps(trainer)
 
     monkeypatch.setattr(gpt.Trainer, "steps", steps)
     real_autocast = gpt.autocast
-    _, run = bench.train_setting(bench.CANDIDATES["bfloat16 autocast, attention in float32"], 0.05,
-                                 torch.arange(3000) % 13, gpt.CharTokenizer("abcdefghijklm"), n_layer=1, n_embd=16,
-                                 n_head=2, block_size=16, batch_size=2)
-    assert seen == [(torch.bfloat16, True)] and math.isfinite(run["val_loss"]) and gpt.autocast is real_autocast
+    for name in ("default", "float32 steps", "Muon in float32"):
+        _, run = bench.train_setting(bench.CANDIDATES[name], 0.05, torch.arange(3000) % 13,
+                                     gpt.CharTokenizer("abcdefghijklm"), n_layer=1, n_embd=16, n_head=2, block_size=16,
+                                     batch_size=2)
+        assert math.isfinite(run["val_loss"])
+    assert seen == [(True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float32)]
+    assert gpt.autocast is real_autocast
 
 
 def test_the_copiers_rows_train_gpt_train_s_weights_through_train_py_and_gpt_train(tmp_path):
