@@ -889,6 +889,7 @@ CANDIDATES = {
     "qk-norm": Setting(model=qk_norm),
     "qk-norm with gains": Setting(model=qk_norm_gains),
     "float32 steps": Setting(autocast=lambda device: torch.autocast(device.type, enabled=False)),
+    "4 layers": Setting(changes=dict(n_layer=4)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

@@ -71,7 +71,6 @@ def usable_device(name=""):
     raise ValueError(f"device {name!r} is unknown or not on this machine: use cpu, cuda, cuda:N or mps")
 
 
-
 # Each option of TrainConfig, a dataclasses.Field whose rule and help gpt.option() declared.
 FIELDS = {f.name: f for f in dataclasses.fields(gpt.TrainConfig)}
 
