@@ -553,7 +553,7 @@ def trainer_of(setting, tc, ids, tokenizer, vocab_size):
 def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, **changes):
     """The default run, as train.py trains it, changed as setting says (and by changes), for `seconds` of wall time
     on ids, on_step(trainer) after each step; (the gpt.Trainer, its figures: steps, steps a second, Muon's products'
-    dtype and the val loss of its last evaluation, which reads the whole held-out split)."""
+    dtype and its val loss on the whole held-out split, read in float32 whatever autocast its steps took)."""
     vocab_size = vocab_size_of(ids, tokenizer)
     run = dict(out_dir="", max_iters=gpt.MANY, max_time=seconds, eval_interval=gpt.MANY, eval_iters=1,
                device=str(device), vocab_size=vocab_size)
@@ -572,9 +572,10 @@ def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, 
         products = "no Muon"
         if any(isinstance(optimizer, gpt.Muon) for optimizer in trainer.optimizers):
             products = dtype_name(gpt.matmul_dtype(trainer.device))
+    # Read again outside autocast, as the last evaluation read it under the setting's own: settings read alike.
+    val_loss = gpt.split_loss(trainer.model.eval(), trainer.splits["val"][:gpt.MAX_EVAL_TOKENS], tc.batch_size)
     return trainer, dict(iters=trainer.it, seconds=trainer.elapsed, steps_per_s=trainer.it / trainer.elapsed,
-                         ms_per_iter=trainer.elapsed / trainer.it * 1000, products=products,
-                         val_loss=trainer.history[-1]["val"])
+                         ms_per_iter=trainer.elapsed / trainer.it * 1000, products=products, val_loss=val_loss)
 
 
 def compare(settings, seconds, path, rounds, device="cpu", log=functools.partial(print, flush=True), steps=None,

@@ -364,12 +364,12 @@ def get_device(name=None):
 
 
 def matmul_dtype(device):
-    """bfloat16 where device multiplies it in hardware (CUDA; a CPU with AVX512-BF16 or AMX),
-    float32 elsewhere, where emulated bfloat16 products run several times slower."""
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    """bfloat16 where device multiplies it in hardware (a GPU, but for one that emulates it as a T4
+    does; a CPU with AVX512-BF16 or AMX), float32 elsewhere: emulated bfloat16 runs slower."""
     cpu = torch.cpu.get_capabilities() if device.type == "cpu" else {}
     native = cpu.get("avx512_bf16", False) or cpu.get("amx_bf16", False)
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
     return torch.bfloat16 if native else torch.float32
 
 

@@ -96,13 +96,21 @@ def decode(tokenizer, ids):
         return " ".join(map(str, ids))
 
 
+def sampling_autocast(device):
+    """gpt.autocast on a GPU; float32 on a CPU, which decodes a row at a time and there bf16's casts
+    cost more than its products save (2.5 against 1.9 ms a token, the default model, AVX512-BF16)."""
+    if device.type == "cuda":
+        return gpt.autocast(device)
+    return torch.autocast(device.type, enabled=False)
+
+
 @torch.no_grad()
 def closing_sample(model, tokenizer, val, tokens=300):
     """300 tokens drawn at temperature 0.8 after default_prompt, with a seeded generator."""
     device = next(model.parameters()).device
     prompt = torch.tensor([default_prompt(tokenizer, val)], device=device)
     generator = torch.Generator(device).manual_seed(0)
-    with gpt.autocast(device):
+    with sampling_autocast(device):
         sample = model.eval().generate(prompt, tokens, temperature=0.8, generator=generator)
     return decode(tokenizer, sample[0, prompt.size(1):].tolist())
 

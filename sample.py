@@ -100,7 +100,7 @@ def print_samples(model, tokenizer, start, args, device):
     for i in range(args.num_samples):
         tokens = model.stream(prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                               generator)
-        with gpt.autocast(device):
+        with report.sampling_autocast(device):
             # The arguments are checked here, before anything is printed.
             first = next(tokens)
             print(("" if i == 0 else "\n---------------\n") + start, end="", flush=True)

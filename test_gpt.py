@@ -396,12 +396,17 @@ def test_under_a_cpus_bfloat16_autocast_the_attention_mixes_in_float32_and_the_m
     attn, x, rope = model.h[0].attn, torch.randn(2, 6, 16), (model.cos[:6], model.sin[:6])
     seen = []
     real = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention",
-                        lambda q, k, v, **kw: seen.append({q.dtype, k.dtype, v.dtype}) or real(q, k, v, **kw))
+
+    def recorded(q, k, v, **kw):  # autocast would cast float32 inputs inside the call: its output tells
+        out = real(q, k, v, **kw)
+        seen.append((torch.is_autocast_enabled("cpu"), {q.dtype, k.dtype, v.dtype}, out.dtype))
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorded)
     with torch.autocast("cpu", torch.bfloat16):
         y = attn(x, rope)
     # The maps in bfloat16, the scores and the mix in float32 (bfloat16's flash attention steps back slowly).
-    assert seen == [{torch.float32}] and y.dtype == torch.bfloat16
+    assert seen == [(False, {torch.float32}, torch.float32)] and y.dtype == torch.bfloat16
     exact = attn(x, rope)
     assert torch.linalg.norm(y.float() - exact) < 0.02 * torch.linalg.norm(exact)
     idx = torch.randint(0, TINY["vocab_size"], (2, 6))

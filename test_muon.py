@@ -58,8 +58,10 @@ def test_gpt_muon_takes_the_products_in_the_dtype_matmul_dtype_gives(monkeypatch
 
 
 def test_matmul_dtype_is_bfloat16_where_the_hardware_multiplies_it_and_float32_elsewhere(monkeypatch):
-    for bf16, dtype in ((True, torch.bfloat16), (False, torch.float32)):  # a GPU from before bfloat16: float32
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda bf16=bf16: bf16)
+    # A GPU with bfloat16 in hardware; one from before it (a T4), on which torch emulates it: float32.
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True, native=native: native or including_emulation)
         assert gpt.matmul_dtype(torch.device("cuda")) == dtype
     assert gpt.matmul_dtype(torch.device("mps")) == torch.float32
     for features, dtype in (({}, torch.float32), ({"avx2": True}, torch.float32),

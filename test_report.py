@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpt
 import report
 import sample
 import train
@@ -35,6 +36,13 @@ def test_train_py_writes_a_report_page_and_sample_py_writes_it_again(tmp_path, c
     assert capsys.readouterr().err == ""
     again = report_page(tmp_path / "out")
     assert again.count('<svg class="attention"') == 4 and again.count('data-points="3"') == 5  # 2 charts' curves
+
+
+def test_sampling_runs_in_float32_on_a_cpu_with_bfloat16_and_under_gpt_autocast_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(gpt, "matmul_dtype", lambda device: torch.bfloat16)  # as on a CPU with AVX512-BF16
+    assert gpt.autocast(torch.device("cpu"))._enabled and not report.sampling_autocast(torch.device("cpu"))._enabled
+    monkeypatch.setattr(gpt, "autocast", lambda device: ("gpt.autocast", device.type))
+    assert report.sampling_autocast(torch.device("cuda")) == ("gpt.autocast", "cuda")
 
 
 def test_the_report_draws_every_value_inside_its_axes():
