@@ -39,6 +39,14 @@ def test_a_new_run_saves_its_start_before_its_first_step(tmp_path, monkeypatch):
     assert not steps and torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
 
 
+def test_the_first_line_says_when_the_steps_run_under_bf16_autocast(tmp_path, monkeypatch):
+    for dtype, said in ((torch.bfloat16, True), (torch.float32, False)):
+        monkeypatch.setattr(gpt, "matmul_dtype", lambda device, dtype=dtype: dtype)
+        lines = []
+        trainer, _ = train.run(tiny_train_config(tmp_path, out_dir="", max_iters=1), TEXT, lines.append)
+        assert trainer.amp._enabled == said and (" on cpu (bf16 autocast); " in lines[0]) == said, lines[0]
+
+
 def test_resume_trains_with_the_recorded_options_and_those_given(tmp_path):
     flags = tiny_flags(tmp_path, max_iters=4, eval_interval=4, learning_rate=2e-3, min_lr=1e-4)
     train.main(flags)

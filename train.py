@@ -235,7 +235,8 @@ def prepare(trainer, log, compile, world):
     bigram = trainer.model.bigram
     table = f" ({bigram.weight.numel() / 1e6:.2f}M in the bigram table)" if bigram is not None else ""
     processes = f", {world} processes" if world > 1 else ""
-    log(f"{n_params / 1e6:.2f}M parameters{table} on {trainer.device}{processes}; "
+    bf16 = " (bf16 autocast)" if gpt.matmul_dtype(trainer.device) == torch.bfloat16 else ""
+    log(f"{n_params / 1e6:.2f}M parameters{table} on {trainer.device}{bf16}{processes}; "
         f"{len(trainer.splits['train']):,} tokens to train on, {len(trainer.splits['val']):,} held out")
 
 
