@@ -572,7 +572,7 @@ def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, 
         products = "no Muon"
         if any(isinstance(optimizer, gpt.Muon) for optimizer in trainer.optimizers):
             products = dtype_name(gpt.matmul_dtype(trainer.device))
-    # Read again outside autocast, as the last evaluation read it under the setting's own: settings read alike.
+    # The last evaluation read it under the setting's own autocast: read again in float32, every setting alike.
     val_loss = gpt.split_loss(trainer.model.eval(), trainer.splits["val"][:gpt.MAX_EVAL_TOKENS], tc.batch_size)
     return trainer, dict(iters=trainer.it, seconds=trainer.elapsed, steps_per_s=trainer.it / trainer.elapsed,
                          ms_per_iter=trainer.elapsed / trainer.it * 1000, products=products, val_loss=val_loss)
