@@ -57,8 +57,8 @@ def test_code_lines_counts_code_alone():
 CARD_CODE_LINES = 390
 CARD_LINES = 600
 # What gpt.py holds today: its own Muon (a copier's step is train.py's), the checks of its options and
-# data, and plain code. Only a change that wins by measurement may grow it (the CPU's bf16 autocast,
-# 1 line for 0.017 lower at equal time); the card's size waits on a choice of what it holds.
+# data, and plain code. Only a change that wins by measurement may grow it (docs/benchmarks.md says
+# what each bought); the card's size waits on a choice of what it holds.
 GPT_PY_CODE_LINES = 472
 GPT_PY_LINES = 734
 
@@ -383,7 +383,7 @@ def test_rotary_turns_the_query_and_the_key_each_after_its_own_map():
     torch.testing.assert_close(torch.stack(attn.heads(x, rope)[:2]), torch.stack([q, k]))
 
 
-def test_steps_autocast_to_bfloat16_exactly_where_the_hardware_multiplies_it(monkeypatch):
+def test_the_steps_autocast_to_bfloat16_exactly_where_matmul_dtype_is_bfloat16(monkeypatch):
     for dtype, enabled in ((torch.bfloat16, True), (torch.float32, False)):
         monkeypatch.setattr(gpt, "matmul_dtype", lambda device, dtype=dtype: dtype)
         amp = gpt.autocast(torch.device("cpu"))
