@@ -380,7 +380,7 @@ def autocast(device):
 
 
 def newton_schulz(G, steps=5):
-    """G (..., rows, cols) made nearly orthogonal, each matrix of a batch alike: its singular values
+    """G (n, rows, cols) made nearly orthogonal, each matrix of the batch alike: its singular values
     pushed toward 1 (0.7 to 1.2, but for those far below the largest), its singular vectors kept."""
     X = G.to(matmul_dtype(G.device))
     # Worked on wide, so that the Gram matrix X X^T is the smaller one.
@@ -391,8 +391,10 @@ def newton_schulz(G, steps=5):
     for _ in range(steps):
         A = X @ X.mT
         # Each singular value s becomes 3.4445 s - 4.7750 s^3 + 2.0315 s^5 (torch.optim.Muon's
-        # coefficients): small ones grow fast, and all end between about 0.7 and 1.2.
-        X = 3.4445 * X + (-4.7750 * A + 2.0315 * A @ A) @ X
+        # coefficients): small ones grow fast, and all end between about 0.7 and 1.2. B is
+        # -4.7750 A + 2.0315 A A, then X is 3.4445 X + B X: each a product and a sum in one pass.
+        B = torch.baddbmm(A, A, A, beta=-4.7750, alpha=2.0315)
+        X = torch.baddbmm(X, B, X, beta=3.4445)
     return X.mT if tall else X
 
 
