@@ -891,6 +891,8 @@ CANDIDATES = {
     "qk-norm with gains": Setting(model=qk_norm_gains),
     "float32 steps": Setting(autocast=lambda device: torch.autocast(device.type, enabled=False)),
     "4 layers": Setting(changes=dict(n_layer=4)),
+    "context 256, batch 4": Setting(changes=dict(block_size=256, batch_size=4)),
+    "context 512, batch 2": Setting(changes=dict(block_size=512, batch_size=2)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

@@ -702,7 +702,7 @@ def test_a_candidate_of_other_options_trains_with_them(monkeypatch, name):
         return real_steps(trainer)
 
     monkeypatch.setattr(gpt.Trainer, "steps", steps)
-    ids = torch.arange(3000) % 13
+    ids = torch.arange(6000) % 13  # over 10 windows of the longest context a candidate names
     bench.train_setting(bench.CANDIDATES[name], 0.05, ids, gpt.CharTokenizer("abcdefghijklm"), n_layer=1, n_embd=16,
                         n_head=2, block_size=16, batch_size=2)
     changes = bench.CANDIDATES[name].changes
