@@ -893,6 +893,10 @@ CANDIDATES = {
     "4 layers": Setting(changes=dict(n_layer=4)),
     "context 256, batch 4": Setting(changes=dict(block_size=256, batch_size=4)),
     "context 512, batch 2": Setting(changes=dict(block_size=512, batch_size=2)),
+    "no gradient clipping": Setting(changes=dict(grad_clip=0.0)),
+    "no clipping, cooldown to zero": Setting(changes=dict(grad_clip=0.0, min_lr=0.0)),
+    "no clipping, cooldown to zero, Newton-Schulz 4 steps": Setting(changes=dict(grad_clip=0.0, min_lr=0.0),
+                                                                    ns_steps=4),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.
