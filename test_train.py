@@ -426,6 +426,7 @@ def test_a_failed_torch_compile_is_one_line(tmp_path):
     done = run_cli("train.py", *tiny_flags(tmp_path, max_iters=2), "--compile", env=env)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert re.fullmatch(r"error: torch\.compile failed \(.+\): train without --compile\n", done.stderr), done.stderr
+    assert done.stdout.startswith("torch.compile: the first steps wait on it"), done.stdout  # said before they do
 
 
 def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
