@@ -630,6 +630,16 @@ def cosine_lr(tc, it, elapsed):
     return tc.min_lr + (1 + math.cos(math.pi * min(done, 1.0))) / 2 * (tc.learning_rate - tc.min_lr)
 
 
+def cooldown_over(share):
+    """gpt.lr_at with its straight line down to min_lr over the last `share` of the run, not 60%."""
+    def lr_at(tc, it, elapsed):
+        if it < tc.warmup_iters:
+            return tc.learning_rate * (it + 1) / tc.warmup_iters
+        done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
+        return tc.min_lr + min(1.0, max(0.0, (1 - done) / share)) * (tc.learning_rate - tc.min_lr)
+    return lr_at
+
+
 def relu_squared(config):
     """The MLP as nanochat and modded-nanogpt have it: two matrices, 4 * n_embd wide, relu(x)^2 between."""
     model = gpt.GPT(dataclasses.replace(config, mlp="gelu"))
@@ -897,6 +907,8 @@ CANDIDATES = {
     "no clipping, cooldown to zero": Setting(changes=dict(grad_clip=0.0, min_lr=0.0)),
     "no clipping, cooldown to zero, Newton-Schulz 4 steps": Setting(changes=dict(grad_clip=0.0, min_lr=0.0),
                                                                     ns_steps=4),
+    "cooldown over the last 40%": Setting(lr_at=cooldown_over(0.4)),
+    "cooldown over the last 80%": Setting(lr_at=cooldown_over(0.8)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

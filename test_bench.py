@@ -406,6 +406,18 @@ def test_the_cosine_candidate_is_nanogpts_schedule_and_gpt_py_holds_the_peak_the
     assert gpt.lr_at(tc, 110, 0.0) == pytest.approx(1e-4)
 
 
+def test_a_cooldown_over_a_share_is_gpt_pys_at_60_percent_and_holds_the_peak_until_its_share():
+    tc = gpt.TrainConfig()
+    at_60, at_40 = bench.cooldown_over(0.6), bench.cooldown_over(0.4)
+    assert [at_60(tc, it, 0.0) for it in range(0, 4001, 25)] == [gpt.lr_at(tc, it, 0.0) for it in range(0, 4001, 25)]
+    assert at_40(tc, 5, 0.0) == gpt.lr_at(tc, 5, 0.0) < tc.learning_rate  # the same warmup
+    assert at_40(tc, 2400, 0.0) == tc.learning_rate > gpt.lr_at(tc, 2400, 0.0)  # the peak held to 60%
+    assert at_40(tc, 3200, 0.0) == pytest.approx((tc.learning_rate + tc.min_lr) / 2)
+    assert at_40(tc, 4000, 0.0) == pytest.approx(tc.min_lr)
+    timed = gpt.TrainConfig(max_time=100.0, max_iters=gpt.MANY)
+    assert at_40(timed, 50, 80.0) == pytest.approx((timed.learning_rate + timed.min_lr) / 2)  # by the seconds
+
+
 def test_the_qk_norm_variant_norms_each_heads_query_and_key_and_is_otherwise_gpt_pys_attention():
     config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=16)
     torch.manual_seed(0)
