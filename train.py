@@ -69,9 +69,9 @@ def parse_args(argv=None):
     parser.add_argument("--log_interval", type=cli.AT_LEAST_1,
                         default=100, help="print progress every this many steps (default: %(default)s)")
     parser.add_argument("--compile", default=False, **cli.FLAG,
-                        help="torch.compile the model: steps 1.2x to 1.3x as fast on 2 CPU cores, "
-                             "for about 70 MB more memory, after 20-45 s of compiling the first time "
-                             "(cached after); pays on runs of minutes (default: %(default)s)")
+                        help="torch.compile the model: steps up to 1.3x as fast on 2 CPU cores, for "
+                             "70-80 MB more memory, after 20-45 s of compiling the first time (cached "
+                             "after); pays on runs of minutes once cached (default: %(default)s)")
     for name in cli.FIELDS:
         rule = cli.option_rule(name)
         shown = repr(cli.FIELDS[name].default)
@@ -223,13 +223,14 @@ def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False,
 
 
 def prepare(trainer, log, compile, world):
-    """What the steps run on: TF32 on CUDA, torch.compile, DDP; and the run's first line."""
+    """What the steps run on: TF32 on CUDA, torch.compile, DDP; and the run's opening lines."""
     if trainer.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if compile:
         trainer.wrapped_model = torch.compile(trainer.wrapped_model)
-        log("torch.compile: the first steps wait on it, 20-45 s on 2 CPU cores (seconds once cached)")
+        log("torch.compile: the first steps wait on its compiling (20-45 s on 2 CPU cores the first "
+            "time, seconds once cached)")
     distributed.wrap(trainer, world)
     n_params = sum(p.numel() for p in trainer.model.parameters())
     # The bigram table's rows are read one per token: said apart, as they are most of a small model's count.
