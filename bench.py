@@ -854,6 +854,13 @@ def short_context_first(trainer, split, share=0.3):
     return xy[:, :-1], xy[:, 1:]
 
 
+def short_context_over(share):
+    """short_context_first over the first `share` of the run, not 30%."""
+    def batch(trainer, split):
+        return short_context_first(trainer, split, share)
+    return batch
+
+
 # The lists the harness takes, {name: Setting}, the first the one the others are set beside.
 OPTIMIZERS = {name: Setting(changes=dict(optimizer=name)) for name in cli.FIELDS["optimizer"].metadata["choices"]}
 # The default block and a change of it each.
@@ -909,6 +916,10 @@ CANDIDATES = {
                                                                     ns_steps=4),
     "cooldown over the last 40%": Setting(lr_at=cooldown_over(0.4)),
     "cooldown over the last 80%": Setting(lr_at=cooldown_over(0.8)),
+    "context 256, batch 4, half of each for the first 60%": Setting(changes=dict(block_size=256, batch_size=4),
+                                                                      batch=short_context_over(0.6)),
+    "context 256, batch 4, half of each for the first 80%": Setting(changes=dict(block_size=256, batch_size=4),
+                                                                      batch=short_context_over(0.8)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

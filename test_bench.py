@@ -602,6 +602,17 @@ def test_the_short_context_candidate_draws_twice_the_rows_at_half_the_context_fo
     assert shapes == [(6, 6)] * 3 + [(3, 12)] * 7
 
 
+def test_short_context_over_a_share_draws_the_short_windows_for_that_share_of_the_steps():
+    tc = gpt.TrainConfig(**TINY, batch_size=2, max_iters=10, out_dir="")
+    trainer = gpt.Trainer(tc, torch.randint(0, TINY["vocab_size"], (1000,)), log=lambda line: None)
+    batch = bench.short_context_over(0.6)
+    shapes = []
+    for it in range(10):
+        trainer.it = it
+        shapes.append(tuple(batch(trainer, "train")[0].shape))
+    assert shapes == [(4, 6)] * 6 + [(2, 12)] * 4
+
+
 def test_bench_quality_trains_a_candidates_model_beside_nanogpt_when_asked(tmp_path, monkeypatch, capsys):
     (tmp_path / "model.py").write_text(NANOGPT_STAND_IN)
     (tmp_path / "text.txt").write_text(TEXT[:20_000], encoding="utf-8")
