@@ -502,7 +502,6 @@ class Setting:
     compile: bool = False  # the step through torch.compile, its compiling on the run's clock
     matmul_dtype: torch.dtype = None  # Muon's products in this dtype, in place of gpt.matmul_dtype's choice
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
-    batch: object = None  # draws a training batch, (trainer, split) -> (x, y), in place of gpt.Trainer.batch
     optimizers: object = None  # (model, tc, device_type) -> optimizers, in place of gpt.configure_optimizers
     autocast: object = None  # (device) -> the autocast the steps and evaluations run under, in place of gpt.autocast
 
@@ -522,8 +521,6 @@ def patched(setting, device="cpu"):
             stack.enter_context(unittest.mock.patch.object(gpt, "newton_schulz", fewer))
         if setting.optimizers:
             stack.enter_context(unittest.mock.patch.object(gpt, "configure_optimizers", setting.optimizers))
-        if setting.batch:
-            stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", setting.batch))
         if setting.matmul_dtype:
             stack.enter_context(unittest.mock.patch.object(gpt, "matmul_dtype", lambda device: setting.matmul_dtype))
             stack.enter_context(unittest.mock.patch.object(gpt, "autocast", lambda device: machines))
@@ -836,47 +833,27 @@ def own_rate(name, lr):
     return configure
 
 
-# gpt.Trainer's own batches, which a Setting's batch stands in for while its run trains.
-TRAINER_BATCH = gpt.Trainer.batch
-
-
-def short_context_first(trainer, split, share=0.3):
-    """Batches of twice the rows at half the context for the first share of the run (its steps, or its seconds
-    with max_time), then the run's own: the same tokens a step, more windows early, when little context is used."""
-    tc = trainer.tc
-    done = trainer.elapsed / tc.max_time if tc.max_time else trainer.it / tc.max_iters
-    if done >= share:
-        return TRAINER_BATCH(trainer, split)
-    data = trainer.splits[split]
-    T = tc.block_size // 2
-    ix = torch.randint(len(data) - T, (2 * tc.batch_size, 1), generator=trainer.generator)
-    xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(trainer.device)  # (2B, T / 2 + 1)
-    return xy[:, :-1], xy[:, 1:]
-
-
-def short_context_over(share):
-    """short_context_first over the first `share` of the run, not 30%."""
-    def batch(trainer, split):
-        return short_context_first(trainer, split, share)
-    return batch
-
-
 # The lists the harness takes, {name: Setting}, the first the one the others are set beside.
 OPTIMIZERS = {name: Setting(changes=dict(optimizer=name)) for name in cli.FIELDS["optimizer"].metadata["choices"]}
 # The default block and a change of it each.
 VARIANTS = {"default": Setting(), "relu squared": Setting(model=relu_squared), "qk-norm": Setting(model=qk_norm),
             "zero c_proj": Setting(model=zero_c_proj), "tied": Setting(changes=dict(tie_weights=True))}
+# Whole windows of 128 tokens, 8 a step: the default's windows before short_context. The defaults before
+# it are candidates with these windows.
+WINDOWS_OF_128 = dict(block_size=128, batch_size=8, short_context=0.0)
 # The default recipe and a change of it each: options, a schedule, torch.compile, Muon's products or the model.
 CANDIDATES = {
     "default": Setting(),
     "tied, cosine, 100 warmup, 4 layers, momentum flat, decay 0.1, no table": Setting(
         changes=dict(tie_weights=True, warmup_iters=100, n_layer=4, muon_momentum_start=0.95, weight_decay=0.1,
-                     bigram=0), lr_at=cosine_lr),
+                     bigram=0, **WINDOWS_OF_128), lr_at=cosine_lr),
     "4 layers, embedding at 3e-3, momentum flat, decay 0.1, no table": Setting(
-        changes=dict(n_layer=4, embedding_lr=3e-3, muon_momentum_start=0.95, weight_decay=0.1, bigram=0)),
-    "decay 0.1, no table": Setting(changes=dict(weight_decay=0.1, bigram=0)),
-    "no bigram table": Setting(changes=dict(bigram=0)),
-    "context 64, batch 16": Setting(changes=dict(block_size=64, batch_size=16)),
+        changes=dict(n_layer=4, embedding_lr=3e-3, muon_momentum_start=0.95, weight_decay=0.1, bigram=0,
+                     **WINDOWS_OF_128)),
+    "decay 0.1, no table": Setting(changes=dict(weight_decay=0.1, bigram=0, **WINDOWS_OF_128)),
+    "no bigram table": Setting(changes=dict(bigram=0, **WINDOWS_OF_128)),
+    "context 128, batch 8": Setting(changes=WINDOWS_OF_128),
+    "context 64, batch 16": Setting(changes=dict(block_size=64, batch_size=16, short_context=0.0)),
     "compile": Setting(compile=True),
     "Muon in bfloat16": Setting(matmul_dtype=torch.bfloat16),
     "output layer from zero": Setting(model=zero_head),
@@ -893,7 +870,7 @@ CANDIDATES = {
     "logits soft-capped at 15": Setting(model=softcapped),
     "value embeddings": Setting(model=ValueEmbeddingGPT),
     "Muon in float32": Setting(matmul_dtype=torch.float32),
-    "half the context, twice the rows, for the first 30%": Setting(batch=short_context_first),
+    "half the context, twice the rows, for the first 30%": Setting(changes={**WINDOWS_OF_128, "short_context": 0.3}),
     "2 heads": Setting(changes=dict(n_head=2)),
     "8 heads": Setting(changes=dict(n_head=8)),
     "output layer at 0.01": Setting(optimizers=own_rate("lm_head", 0.01)),
@@ -908,18 +885,15 @@ CANDIDATES = {
     "qk-norm with gains": Setting(model=qk_norm_gains),
     "float32 steps": Setting(autocast=lambda device: torch.autocast(device.type, enabled=False)),
     "4 layers": Setting(changes=dict(n_layer=4)),
-    "context 256, batch 4": Setting(changes=dict(block_size=256, batch_size=4)),
-    "context 512, batch 2": Setting(changes=dict(block_size=512, batch_size=2)),
+    "whole windows of 256": Setting(changes=dict(short_context=0.0)),
+    "context 512, batch 2": Setting(changes=dict(block_size=512, batch_size=2, short_context=0.0)),
     "no gradient clipping": Setting(changes=dict(grad_clip=0.0)),
     "no clipping, cooldown to zero": Setting(changes=dict(grad_clip=0.0, min_lr=0.0)),
     "no clipping, cooldown to zero, Newton-Schulz 4 steps": Setting(changes=dict(grad_clip=0.0, min_lr=0.0),
                                                                     ns_steps=4),
     "cooldown over the last 40%": Setting(lr_at=cooldown_over(0.4)),
     "cooldown over the last 80%": Setting(lr_at=cooldown_over(0.8)),
-    "context 256, batch 4, half of each for the first 60%": Setting(changes=dict(block_size=256, batch_size=4),
-                                                                      batch=short_context_over(0.6)),
-    "context 256, batch 4, half of each for the first 80%": Setting(changes=dict(block_size=256, batch_size=4),
-                                                                      batch=short_context_over(0.8)),
+    "half the context, twice the rows, for the first 80%": Setting(changes=dict(short_context=0.8)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

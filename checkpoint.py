@@ -199,10 +199,13 @@ def recorded_options(ckpt, path, advice):
         # A float option may have been recorded as a whole number.
         options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
     # A run recorded before these options goes on as it trained: its embedding at its learning_rate,
-    # Muon's momentum flat from the start.
+    # Muon's momentum flat from the start...
     for name, before in (("embedding_lr", "learning_rate"), ("muon_momentum_start", "muon_momentum")):
         if before in options and name not in recorded:
             options[name] = options[before]
+    # ... and on whole windows from the first step.
+    if options and "short_context" not in recorded:
+        options["short_context"] = 0.0
     return options
 
 

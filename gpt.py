@@ -58,7 +58,7 @@ class GPTConfig:
     """The model's options: Llama's block and a bigram table by default; GPT-2's block is
     norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_weights=True, bigram=0."""
     vocab_size: int = option(65, min=1, max=2 ** 20, help="Tokens in the vocabulary.")
-    block_size: int = option(128, min=1, max=2 ** 20, help="The most tokens read at once.")
+    block_size: int = option(256, min=1, max=2 ** 20, help="The most tokens read at once.")
     n_layer: int = option(3, min=1, max=1024, help="Transformer blocks.")
     n_head: int = option(4, min=1, max=1024, help="Attention heads.")
     n_embd: int = option(128, min=1, max=2 ** 16, help="Width of the residual stream.")
@@ -467,8 +467,9 @@ class TrainConfig(GPTConfig):
     max_time: float = option(0.0, min=0, max=MANY, help="Seconds to train instead (0: off).")
     eval_interval: int = option(500, min=1, max=MANY, help="Evaluate and save every this many.")
     eval_iters: int = option(50, min=1, max=MANY, help="Batches per split in an evaluation.")
-    batch_size: int = option(8, min=1, max=MANY, help="Sequences per micro-batch.")
+    batch_size: int = option(4, min=1, max=MANY, help="Sequences per micro-batch.")
     grad_accum: int = option(1, min=1, max=MANY, help="Micro-batches per optimizer step.")
+    short_context: float = option(0.6, min=0, max=1, help="Share of the run at half the context.")
     learning_rate: float = option(3e-3, min=1e-9, max=1, help="Peak learning rate (AdamW's).")
     embedding_lr: float = option(0.03, min=1e-9, max=1, help="The untied embedding's peak rate.")
     min_lr: float = option(3e-4, min=0, max=1, help="Rate at the end, at most learning_rate.")
@@ -519,12 +520,17 @@ def configure_optimizers(model, tc, device_type="cpu"):
     return optimizers
 
 
+def progress(tc, it, elapsed):
+    """The share of the run done: of its steps, or of its seconds with max_time."""
+    return elapsed / tc.max_time if tc.max_time else it / tc.max_iters
+
+
 def lr_at(tc, it, elapsed):
     """Linear warmup, then the peak rate held, then a straight line down to min_lr over the last 60%
     of the steps, or of the seconds with max_time."""
     if it < tc.warmup_iters:
         return tc.learning_rate * (it + 1) / tc.warmup_iters
-    done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
+    done = progress(tc, it, elapsed)
     # Held high, the rate learns fast; cooled at the end, the weights settle.
     cooldown = min(1.0, max(0.0, (1 - done) / 0.6))
     return tc.min_lr + cooldown * (tc.learning_rate - tc.min_lr)
@@ -647,10 +653,15 @@ class Trainer:
         self.record = {}
 
     def batch(self, split):
-        """A random batch of the split, (x, y), each (batch_size, block_size)."""
+        """A random batch of the split, (x, y), each (batch_size, block_size); over the first
+        short_context of the run, twice the rows at half the context: the same tokens a step."""
         data = self.splits[split]
-        T = self.tc.block_size
-        ix = torch.randint(len(data) - T, (self.tc.batch_size, 1), generator=self.generator)
+        # Early on a model uses little context: more windows, each shorter, teach it faster.
+        short = progress(self.tc, self.it, self.elapsed) < self.tc.short_context
+        T = max(1, self.tc.block_size // 2) if short else self.tc.block_size
+        # As many windows as keep the tokens a step.
+        B = self.tc.batch_size * self.tc.block_size // T
+        ix = torch.randint(len(data) - T, (B, 1), generator=self.generator)
         # Each row's positions, (B, 1) + (T + 1) -> (B, T + 1): a memmap reads these alone.
         xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(self.device)
         # The target at each position is the token after it.

@@ -43,7 +43,7 @@ import numpy as np
 @dataclass
 class GPTConfig:
     vocab_size: int = 65
-    block_size: int = 128
+    block_size: int = 256
     n_layer: int = 3
     n_head: int = 4
     n_embd: int = 128

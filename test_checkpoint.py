@@ -176,17 +176,21 @@ def test_a_checkpoint_from_before_each_map_had_a_weight_samples_and_resumes(tmp_
     assert "h.0.attn.c_q.weight" in new["model"] and "h.0.attn.c_attn.weight" not in new["model"]
 
 
-def test_a_run_recorded_before_the_embeddings_rate_and_the_rising_momentum_goes_on_as_it_trained(tmp_path):
+def test_a_run_recorded_before_the_embeddings_rate_the_rising_momentum_and_short_windows_goes_on_as_it_trained(
+        tmp_path):
     tc = tiny_train_config(tmp_path, learning_rate=2e-3, muon_momentum=0.9)
     trainer = gpt.Trainer(tc, TEXT, log=quiet)
     next(trainer.steps())
     trainer.save()
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
-    assert checkpoint.recorded_options(ckpt, "ckpt.pt", "")["embedding_lr"] == tc.embedding_lr == 0.03
-    for name in ("embedding_lr", "muon_momentum_start"):
+    recorded = checkpoint.recorded_options(ckpt, "ckpt.pt", "")
+    assert (recorded["embedding_lr"], recorded["short_context"]) == (tc.embedding_lr, tc.short_context) == (0.03, 0.6)
+    for name in ("embedding_lr", "muon_momentum_start", "short_context"):
         del ckpt["train_config"][name]
     options = checkpoint.recorded_options(ckpt, "ckpt.pt", "")
-    assert (options["embedding_lr"], options["muon_momentum_start"]) == (2e-3, 0.9)
+    assert (options["embedding_lr"], options["muon_momentum_start"], options["short_context"]) == (2e-3, 0.9, 0.0)
+    # A checkpoint that records no options (hand-made) takes the defaults, not a run's from before.
+    assert checkpoint.recorded_options({}, "ckpt.pt", "") == {}
 
 
 def test_a_checkpoint_from_before_the_bigram_table_loads_and_resumes_without_one(tmp_path):

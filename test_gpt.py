@@ -59,8 +59,8 @@ CARD_LINES = 600
 # What gpt.py holds today: its own Muon (a copier's step is train.py's), the checks of its options and
 # data, and plain code. Only a change that wins by measurement may grow it (docs/benchmarks.md says
 # what each bought); the card's size waits on a choice of what it holds.
-GPT_PY_CODE_LINES = 473
-GPT_PY_LINES = 736
+GPT_PY_CODE_LINES = 478
+GPT_PY_LINES = 747
 
 
 def parents_of(tree):
@@ -177,6 +177,24 @@ def test_a_train_config_gives_the_models_config_with_changes():
 def test_a_learning_rate_that_stays_flat_is_allowed():
     tc = gpt.TrainConfig(learning_rate=1e-4, min_lr=1e-4, warmup_iters=0, max_iters=10)
     assert [gpt.lr_at(tc, it, 0.0) for it in range(10)] == pytest.approx([1e-4] * 10)
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_the_first_short_context_of_a_run_draws_twice_the_rows_at_half_the_context(tmp_path, timed):
+    tc = tiny_train_config(tmp_path, out_dir="", batch_size=3, block_size=12, max_iters=10, short_context=0.3,
+                           max_time=10.0 if timed else 0.0)
+    trainer = gpt.Trainer(tc, TEXT, log=quiet)
+    shapes = []
+    for step in range(10):
+        # The share done is of the steps, or of the seconds with max_time.
+        trainer.it, trainer.elapsed = (0, float(step)) if timed else (step, 0.0)
+        x, y = trainer.batch("train")
+        assert torch.equal(x[:, 1:], y[:, :-1])  # windows of the text, each target the next id
+        shapes.append(tuple(x.shape))
+    assert shapes == [(6, 6)] * 3 + [(3, 12)] * 7
+    # A context of one token has no half: its windows stay whole.
+    tc = tiny_train_config(tmp_path, out_dir="", block_size=1, n_head=1, pos="learned", short_context=1.0)
+    assert gpt.Trainer(tc, TEXT, log=quiet).batch("train")[0].shape == (4, 1)
 
 
 def bad_values(field):
@@ -874,9 +892,10 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path):
     tc = tiny_train_config(tmp_path, vocab_size=300, max_iters=4, eval_interval=4)
     model, history = gpt.train(tc, Counted(ids), log=quiet)
     assert model.config.vocab_size == 300 and history[-1]["val"] < math.log(300) + 0.5
-    # A batch at a time, to train and to evaluate: the memmap was never converted whole.
-    batch = tc.batch_size * (tc.block_size + 1)
-    assert read.count(batch) >= 4 and max(read) <= batch and sum(read) < 2 * len(ids)
+    # A batch at a time, to train (whole windows, or early on twice the rows of half ones) and to evaluate: the
+    # memmap was never converted whole.
+    whole, short = tc.batch_size * (tc.block_size + 1), 2 * tc.batch_size * (tc.block_size // 2 + 1)
+    assert read.count(short) == 3 and read.count(whole) >= 1 and max(read) <= short and sum(read) < 2 * len(ids)
 
 
 def test_a_list_of_ids_as_encode_returns_them_trains(tmp_path):

@@ -86,9 +86,9 @@ def test_a_torch_muon_state_from_an_older_checkpoint_loads_into_gpt_muon_and_ste
 def test_the_loop_gives_the_losses_it_gave_before_its_code_was_made_plain(monkeypatch):
     # fixtures/losses.json: a few steps of the Llama-style and GPT-2 models with each optimizer, through gpt.py alone
     # and with a step that batched the matrices of every shape, the products in float32, recorded by the code before
-    # gpt.py was rewritten plainly and gained its own Muon (every case is now stepped by gpt.Muon). The same model,
-    # step and losses, to float32's rounding on any CPU; a changed rate, momentum or initialisation moves them by 1e-2
-    # or more within these steps.
+    # gpt.py was rewritten plainly and gained its own Muon (every case is now stepped by gpt.Muon), on whole
+    # windows throughout (short_context 0). The same model, step and losses, to float32's rounding on any CPU; a
+    # changed rate, momentum or initialisation moves them by 1e-2 or more within these steps.
     monkeypatch.setattr(gpt, "matmul_dtype", lambda device: torch.float32)
     with open(os.path.join(HERE, "fixtures", "losses.json"), encoding="utf-8") as f:
         known = json.load(f)
@@ -96,7 +96,8 @@ def test_the_loop_gives_the_losses_it_gave_before_its_code_was_made_plain(monkey
         text = f.read(known["text_chars"])
     for case in known["cases"]:
         tc = gpt.TrainConfig(block_size=32, batch_size=4, n_embd=64, max_iters=8, eval_interval=8, eval_iters=2,
-                             warmup_iters=3, out_dir="", device="cpu", optimizer=case["optimizer"], **case["switches"])
+                             warmup_iters=3, short_context=0.0, out_dir="", device="cpu", optimizer=case["optimizer"],
+                             **case["switches"])
         trainer = gpt.Trainer(tc, text, log=lambda line: None)
         losses = [trainer.loss.item() for _ in trainer.steps()]
         assert losses == pytest.approx(case["losses"], abs=1e-3), case["model"]
