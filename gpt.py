@@ -654,12 +654,12 @@ class Trainer:
 
     def batch(self, split):
         """A random batch of the split, (x, y), each (batch_size, block_size); over the first
-        short_context of the run, twice the rows at half the context: the same tokens a step."""
+        short_context of the run, half the context in as many more windows as keep the tokens."""
         data = self.splits[split]
+        T = self.tc.block_size
         # Early on a model uses little context: more windows, each shorter, teach it faster.
-        short = progress(self.tc, self.it, self.elapsed) < self.tc.short_context
-        T = max(1, self.tc.block_size // 2) if short else self.tc.block_size
-        # As many windows as keep the tokens a step.
+        if progress(self.tc, self.it, self.elapsed) < self.tc.short_context:
+            T = max(1, T // 2)
         B = self.tc.batch_size * self.tc.block_size // T
         ix = torch.randint(len(data) - T, (B, 1), generator=self.generator)
         # Each row's positions, (B, 1) + (T + 1) -> (B, T + 1): a memmap reads these alone.
