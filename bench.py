@@ -896,6 +896,7 @@ CANDIDATES = {
     "cooldown over the last 40%": Setting(lr_at=cooldown_over(0.4)),
     "cooldown over the last 80%": Setting(lr_at=cooldown_over(0.8)),
     "half the context, twice the rows, for the first 20%": Setting(changes=dict(short_context=0.2)),
+    "half the context, twice the rows, for the first 40%": Setting(changes=dict(short_context=0.4)),
     "half the context, twice the rows, for the first 80%": Setting(changes=dict(short_context=0.8)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
