@@ -346,9 +346,9 @@ def page(model, tokenizer, history, val, tc, by_position, sample, figures):
                   for head in range(maps.size(1))]
         parts.append("</div>")
     model_rows = [(f.replace("_", " "), v) for f, v in vars(config).items()]
-    train_rows = [(k, getattr(tc, k)) for k in ("batch_size", "short_context", "grad_accum", "learning_rate", "min_lr",
-                                                "warmup_iters", "weight_decay", "beta2", "grad_clip",
-                                                "max_iters", "max_time", "seed")]
+    train_rows = [(k, getattr(tc, k)) for k in ("batch_size", "short_context", "grad_accum",
+                                                "learning_rate", "min_lr", "warmup_iters", "weight_decay",
+                                                "beta2", "grad_clip", "max_iters", "max_time", "seed")]
     parts += ["<h2>Sample</h2>", f"<pre>{html.escape(sample)}</pre>",
               "<h2>The run</h2><div class=\"row\">", table(run_rows), table(model_rows),
               table(train_rows), "</div></body></html>"]
