@@ -633,8 +633,8 @@ def cooldown_over(share):
     def lr_at(tc, it, elapsed):
         if it < tc.warmup_iters:
             return tc.learning_rate * (it + 1) / tc.warmup_iters
-        done = elapsed / tc.max_time if tc.max_time else it / tc.max_iters
-        return tc.min_lr + min(1.0, max(0.0, (1 - done) / share)) * (tc.learning_rate - tc.min_lr)
+        cooldown = min(1.0, max(0.0, (1 - gpt.progress(tc, it, elapsed)) / share))
+        return tc.min_lr + cooldown * (tc.learning_rate - tc.min_lr)
     return lr_at
 
 
