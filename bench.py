@@ -505,6 +505,7 @@ class Setting:
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
     optimizers: object = None  # (model, tc, device_type) -> optimizers, in place of gpt.configure_optimizers
     autocast: object = None  # (device) -> the autocast the steps and evaluations run under, in place of gpt.autocast
+    windows: object = None  # (tc, share of the run done) -> a step's (rows, context), in place of short_context's
 
 
 @contextlib.contextmanager
@@ -527,6 +528,8 @@ def patched(setting, device="cpu"):
             stack.enter_context(unittest.mock.patch.object(gpt, "autocast", lambda device: machines))
         if setting.autocast:
             stack.enter_context(unittest.mock.patch.object(gpt, "autocast", setting.autocast))
+        if setting.windows:
+            stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", windows_batch(setting.windows)))
         yield
 
 
@@ -636,6 +639,39 @@ def cooldown_over(share):
         cooldown = min(1.0, max(0.0, (1 - gpt.progress(tc, it, elapsed)) / share))
         return tc.min_lr + cooldown * (tc.learning_rate - tc.min_lr)
     return lr_at
+
+
+def windows_batch(windows):
+    """gpt.Trainer.batch with each step's rows and context from windows(tc, share of the run done)."""
+    def batch(trainer, split):
+        data = trainer.splits[split]
+        B, T = windows(trainer.tc, gpt.progress(trainer.tc, trainer.it, trainer.elapsed))
+        ix = torch.randint(len(data) - T, (B, 1), generator=trainer.generator)
+        xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
+        return xy[:, :-1], xy[:, 1:]
+    return batch
+
+
+def quarter_then_half(tc, done):
+    """A quarter of the context for the first 20% of the run, half until 60%, then all of it; the same tokens a
+    step."""
+    T = tc.block_size
+    if done < 0.6:
+        T //= 2
+    if done < 0.2:
+        T //= 2
+    return tc.batch_size * tc.block_size // T, T
+
+
+def half_the_rows_first(tc, done):
+    """The default's windows, with half of its rows a step over the first 20% of the run: a smaller batch while
+    the model learns fastest."""
+    if done >= tc.short_context:
+        return tc.batch_size, tc.block_size
+    rows = tc.batch_size * 2
+    if done < 0.2:
+        rows //= 2
+    return rows, tc.block_size // 2
 
 
 def relu_squared(config):
@@ -898,6 +934,8 @@ CANDIDATES = {
     "half the context, twice the rows, for the first 20%": Setting(changes=dict(short_context=0.2)),
     "half the context, twice the rows, for the first 40%": Setting(changes=dict(short_context=0.4)),
     "half the context, twice the rows, for the first 80%": Setting(changes=dict(short_context=0.8)),
+    "a quarter of the context for the first 20%, half until 60%": Setting(windows=quarter_then_half),
+    "half the rows for the first 20%": Setting(windows=half_the_rows_first),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

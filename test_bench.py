@@ -304,6 +304,27 @@ def test_each_candidate_trains_as_it_says_in_alternating_rounds_and_gpt_py_is_pu
     assert [r["products"] for r in rows[:5]] == ["float32", "float32", "float32", "bfloat16", "float32"]
 
 
+def test_a_windows_candidate_draws_the_rows_and_context_it_names_at_each_share_of_the_run(tmp_path):
+    (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
+    real_batch = gpt.Trainer.batch
+    shapes = []
+
+    def recorded(windows):
+        def shape(tc, done):
+            shapes.append(windows(tc, done))
+            return shapes[-1]
+        return shape
+
+    options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, log=lambda line: None, steps=10)
+    for windows in (bench.quarter_then_half, bench.half_the_rows_first):
+        shapes.clear()
+        rows = bench.compare({"windows": bench.Setting(windows=recorded(windows))}, 0.0, str(tmp_path / "t.txt"), 1,
+                             **options)
+        assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch
+        assert shapes[:10] == {bench.quarter_then_half: [(8, 4)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
+                               bench.half_the_rows_first: [(2, 8)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4}[windows]
+
+
 def test_float32_steps_leave_autocast_off_and_a_setting_of_muons_products_leaves_the_steps_autocast(monkeypatch):
     monkeypatch.setattr(gpt, "matmul_dtype", lambda device: torch.bfloat16)  # as on a CPU with native bfloat16
     seen = []
