@@ -663,6 +663,19 @@ def quarter_then_half(tc, done):
     return tc.batch_size * tc.block_size // T, T
 
 
+def windows_of_512_last(share):
+    """Windows for a context of 512 at batch 2: 8 of 128 a step for the first 60% of the run, then 4 of 256, and 2
+    of 512 over the last `share`; the same tokens a step."""
+    def windows(tc, done):
+        T = tc.block_size
+        if done < 1 - share:
+            T //= 2
+        if done < 0.6:
+            T //= 2
+        return tc.batch_size * tc.block_size // T, T
+    return windows
+
+
 def half_the_rows_first(tc, done):
     """The default's windows, with half of its rows a step over the first 20% of the run: a smaller batch while
     the model learns fastest."""
@@ -936,6 +949,10 @@ CANDIDATES = {
     "half the context, twice the rows, for the first 80%": Setting(changes=dict(short_context=0.8)),
     "a quarter of the context for the first 20%, half until 60%": Setting(windows=quarter_then_half),
     "half the rows for the first 20%": Setting(windows=half_the_rows_first),
+    "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
+                                               windows=windows_of_512_last(0.15)),
+    "windows of 512 for the last 30%": Setting(changes=dict(block_size=512, batch_size=2),
+                                               windows=windows_of_512_last(0.3)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

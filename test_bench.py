@@ -316,13 +316,15 @@ def test_a_windows_candidate_draws_the_rows_and_context_it_names_at_each_share_o
         return shape
 
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, log=lambda line: None, steps=10)
-    for windows in (bench.quarter_then_half, bench.half_the_rows_first):
+    last_30 = bench.CANDIDATES["windows of 512 for the last 30%"].windows
+    for windows in (bench.quarter_then_half, bench.half_the_rows_first, last_30):
         shapes.clear()
         rows = bench.compare({"windows": bench.Setting(windows=recorded(windows))}, 0.0, str(tmp_path / "t.txt"), 1,
                              **options)
         assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch
         assert shapes[:10] == {bench.quarter_then_half: [(8, 4)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
-                               bench.half_the_rows_first: [(2, 8)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4}[windows]
+                               bench.half_the_rows_first: [(2, 8)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
+                               last_30: [(8, 4)] * 6 + [(4, 8)] + [(2, 16)] * 3}[windows]
 
 
 def test_float32_steps_leave_autocast_off_and_a_setting_of_muons_products_leaves_the_steps_autocast(monkeypatch):
