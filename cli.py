@@ -1,14 +1,13 @@
 """What the command lines (train.py, sample.py, bench.py) share: argparse with one-line errors, a
 flag for each option of gpt.TrainConfig made from the rule and help gpt.option() declared beside
-it (so that a flag refuses exactly what the config does), the device check, the output's edge
-cases and the training's progress line. Bad input is refused where it arrives, in one line that
-says what is wrong and what to do.
+it (so that a flag refuses exactly what the config does), the device check and the output's
+edge cases. Bad input is refused where it arrives, in one line that says what is wrong and what
+to do.
 """
 import argparse
 import dataclasses
 import os
 import sys
-import time
 
 import torch
 
@@ -215,43 +214,3 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
         return f"torch.compile failed ({first}): train without --compile"
     raise error
-
-
-class Progress:
-    """The progress line: loss, learning rate, the steps' own time (the evaluations between them
-    left out), and the ETA."""
-
-    def __init__(self, trainer, tokens_per_step):
-        self.trainer = trainer
-        self.tokens_per_step = tokens_per_step
-        self.t_step = time.time()
-        self.t_line = self.t_step
-        self.it_line = trainer.it
-        self.timed = 0.0
-        self.timed_steps = 0
-
-    def step(self):
-        """Called after each step: it counts unless an evaluation ran since the step before."""
-        now = time.time()
-        if (self.trainer.it - 1) % self.trainer.tc.eval_interval:
-            self.timed += now - self.t_step
-            self.timed_steps += 1
-        self.t_step = now
-
-    def line(self, loss):
-        trainer = self.trainer
-        tc = trainer.tc
-        it = trainer.it
-        if self.timed_steps:
-            dt = self.timed / self.timed_steps
-        else:
-            dt = (self.t_step - self.t_line) / max(1, it - self.it_line)
-        dt = max(dt, 1e-9)
-        left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
-        self.t_line = self.t_step
-        self.it_line = it
-        self.timed = 0.0
-        self.timed_steps = 0
-        return (f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
-                f"{trainer.lr:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | "
-                f"{self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import cli
 import gpt
 import gpt2
 import gpt_numpy
+import report
 import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -138,7 +138,7 @@ def signal_after_line(monkeypatch, signum, prefix="iter 3/"):
     """Sends signum to this process once train.py has made its progress line starting with prefix, as a scheduler
     would after it. First it checks that the run holds a handler of its own for the signal: a missing one fails the
     test instead of ending the tests' process."""
-    real_line = cli.Progress.line
+    real_line = report.Progress.line
 
     def line_then_signal(progress, loss):
         said = real_line(progress, loss)
@@ -147,7 +147,7 @@ def signal_after_line(monkeypatch, signum, prefix="iter 3/"):
             os.kill(os.getpid(), signum)
         return said
 
-    monkeypatch.setattr(cli.Progress, "line", line_then_signal)
+    monkeypatch.setattr(report.Progress, "line", line_then_signal)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 browser or print. It shows the train and val loss against steps and seconds with the learning rate,
 the val loss at each position of the context (what each token of context buys), the attention maps
 of every layer and head for one line of the held-out text, the closing sample, the model and the
-run's figures.
+run's figures. While a run trains, its progress line (Progress) reports it on the terminal.
 
 train.py writes it when a run ends (a run a signal stops leaves it to python sample.py --report,
 which rebuilds it from any checkpoint and its text). The pictures are inline SVG written here, the
@@ -13,6 +13,7 @@ import html
 import math
 import os
 import struct
+import time
 import zlib
 
 import torch
@@ -387,3 +388,44 @@ def make(model, tokenizer, history, val, tc, out_dir, figures, log):
         return write(path, page(model, tokenizer, history, val, tc, by_position, sample, figures))
     except OSError as e:
         raise OSError(e.errno, f"cannot write {path} ({e.strerror}): the report was not written") from None
+
+
+# ------------------------------------------------------------------------------------ the progress line
+class Progress:
+    """The progress line: loss, learning rate, the steps' own time (the evaluations between them
+    left out), and the ETA."""
+
+    def __init__(self, trainer, tokens_per_step):
+        self.trainer = trainer
+        self.tokens_per_step = tokens_per_step
+        self.t_step = time.time()
+        self.t_line = self.t_step
+        self.it_line = trainer.it
+        self.timed = 0.0
+        self.timed_steps = 0
+
+    def step(self):
+        """Called after each step: it counts unless an evaluation ran since the step before."""
+        now = time.time()
+        if (self.trainer.it - 1) % self.trainer.tc.eval_interval:
+            self.timed += now - self.t_step
+            self.timed_steps += 1
+        self.t_step = now
+
+    def line(self, loss):
+        trainer = self.trainer
+        tc = trainer.tc
+        it = trainer.it
+        if self.timed_steps:
+            dt = self.timed / self.timed_steps
+        else:
+            dt = (self.t_step - self.t_line) / max(1, it - self.it_line)
+        dt = max(dt, 1e-9)
+        left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
+        self.t_line = self.t_step
+        self.it_line = it
+        self.timed = 0.0
+        self.timed_steps = 0
+        return (f"iter {it}" + ("" if tc.max_time else f"/{tc.max_iters}") + f" | loss {loss:.4f} | lr "
+                f"{trainer.lr:.2e} | {self.tokens_per_step} tok/step | {dt * 1000:.1f} ms/iter | "
+                f"{self.tokens_per_step / dt / 1000:.1f}k tok/s | ETA {max(left, 0) / 60:.1f} min")

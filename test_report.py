@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,23 @@ def test_concurrent_report_writers_leave_one_whole_page_and_no_temporary_file(tm
     writers = [subprocess.Popen([sys.executable, "-c", WRITER.format(here=HERE, path=path, char=c)]) for c in "ab"]
     assert [w.wait(timeout=HANG) for w in writers] == [0, 0]
     assert Path(path).read_text(encoding="utf-8") in texts and os.listdir(tmp_path) == ["report.html"]
+
+
+def test_the_progress_line_times_the_steps_alone_leaving_out_each_one_an_evaluation_ran_before(monkeypatch):
+    tc = gpt.TrainConfig(eval_interval=2, max_iters=604)
+    trainer = types.SimpleNamespace(it=0, tc=tc, elapsed=0.0, lr=1e-3)
+    # Made at 100 s; steps 1 to 4 end at these times, an evaluation of 5 s run after step 2.
+    clock = iter([100.0, 100.5, 100.6, 105.7, 105.8])
+    monkeypatch.setattr(report.time, "time", lambda: next(clock))
+    progress = report.Progress(trainer, tokens_per_step=1000)
+    for _ in range(4):
+        trainer.it += 1
+        progress.step()
+    # Step 1 follows the evaluation at step 0 and step 3 the one at step 2: steps 2 and 4 are timed, 0.1 s each.
+    assert progress.line(1.5) == ("iter 4/604 | loss 1.5000 | lr 1.00e-03 | 1000 tok/step | 100.0 ms/iter | "
+                                  "10.0k tok/s | ETA 1.0 min")
+    # No step timed since the last line: the time since it, by the steps since it.
+    clock = iter([106.2])
+    trainer.it += 1
+    progress.step()
+    assert "| 400.0 ms/iter |" in progress.line(1.5)

@@ -248,7 +248,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
     tc = trainer.tc
     prepare(trainer, log, compile, world)
     tokens_per_step = tc.batch_size * tc.block_size * tc.grad_accum * world
-    progress = cli.Progress(trainer, tokens_per_step)
+    progress = report.Progress(trainer, tokens_per_step)
     ended = trainer.done() and not checkpoint.evaluation_pending(trainer)
     stop = 0
     closing = False
