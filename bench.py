@@ -506,6 +506,7 @@ class Setting:
     optimizers: object = None  # (model, tc, device_type) -> optimizers, in place of gpt.configure_optimizers
     autocast: object = None  # (device) -> the autocast the steps and evaluations run under, in place of gpt.autocast
     windows: object = None  # (tc, share of the run done) -> a step's (rows, context), in place of short_context's
+    batch: object = None  # (trainer, split) -> (x, y), in place of gpt.Trainer.batch
 
 
 @contextlib.contextmanager
@@ -530,6 +531,8 @@ def patched(setting, device="cpu"):
             stack.enter_context(unittest.mock.patch.object(gpt, "autocast", setting.autocast))
         if setting.windows:
             stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", windows_batch(setting.windows)))
+        if setting.batch:
+            stack.enter_context(unittest.mock.patch.object(gpt.Trainer, "batch", setting.batch))
         yield
 
 
@@ -732,6 +735,48 @@ def gained_heads(attn, x, rope=None):
     if rope is None:
         return q, k, v
     return gpt.rope_forward(q, *rope), gpt.rope_forward(k, *rope), v
+
+
+def gated_attention(config):
+    """Each head's output gated by a sigmoid of the block's input, a gate a channel (Qwen3-Next's gated attention):
+    a head can say nothing where it has nothing to add. One more matrix a block, a Muon matrix like the maps."""
+    model = gpt.GPT(config)
+    for block in model.h:
+        block.attn.head_gate = torch.nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        block.attn.forward = functools.partial(gated_forward, block.attn)
+    return model
+
+
+def gated_forward(attn, x, rope=None, cache=None):
+    """gpt.CausalSelfAttention.forward with the heads' output, before c_proj, times sigmoid(head_gate(x))."""
+    q, k, v = attn.heads(x, rope)
+    if cache is not None:
+        k, v = cache.update(attn.layer_idx, k, v)
+    with torch.autocast("cpu", enabled=False):
+        q, k, v = q.to(x.dtype), k.to(x.dtype), v.to(x.dtype)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=q.size(2) > 1)
+    y = y.transpose(1, 2).flatten(2)  # (B, T, C)
+    return attn.c_proj(y * torch.sigmoid(attn.head_gate(x)))
+
+
+def epochs_batch(trainer, split):
+    """gpt.Trainer.batch drawing its windows without replacement: the split cut into windows of the step's
+    context from a random offset, shuffled, each read once before any is read again."""
+    data = trainer.splits[split]
+    T = trainer.tc.block_size
+    if gpt.progress(trainer.tc, trainer.it, trainer.elapsed) < trainer.tc.short_context:
+        T = max(1, T // 2)
+    B = trainer.tc.batch_size * trainer.tc.block_size // T
+    unread = trainer.__dict__.setdefault("unread", {})
+    starts = unread.get((split, T), [])
+    if len(starts) < B:
+        offset = int(torch.randint(T, (1,), generator=trainer.generator))
+        count = (len(data) - 1 - offset) // T
+        starts = (torch.randperm(count, generator=trainer.generator) * T + offset).tolist()
+    ix = torch.tensor(starts[:B]).view(B, 1)
+    unread[(split, T)] = starts[B:]
+    xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
+    return xy[:, :-1], xy[:, 1:]
 
 
 def zero_c_proj(config):
@@ -949,6 +994,8 @@ CANDIDATES = {
     "half the context, twice the rows, for the first 80%": Setting(changes=dict(short_context=0.8)),
     "a quarter of the context for the first 20%, half until 60%": Setting(windows=quarter_then_half),
     "half the rows for the first 20%": Setting(windows=half_the_rows_first),
+    "gated attention": Setting(model=gated_attention),
+    "windows without replacement": Setting(batch=epochs_batch),
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=windows_of_512_last(0.15)),
     "windows of 512 for the last 30%": Setting(changes=dict(block_size=512, batch_size=2),

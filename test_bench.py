@@ -730,3 +730,38 @@ def test_a_candidate_of_other_options_trains_with_them(monkeypatch, name):
                         n_head=2, block_size=16, batch_size=2)
     changes = bench.CANDIDATES[name].changes
     assert {key: getattr(seen[0], key) for key in changes} == changes
+
+
+def test_gated_attention_with_its_gate_at_zero_is_the_default_model_with_half_of_each_heads_output():
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    gated = bench.gated_attention(config)
+    plain = gpt.GPT(config)
+    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if "head_gate" not in k})
+    for block, plain_block in zip(gated.h, plain.h):
+        torch.nn.init.zeros_(block.attn.head_gate.weight)  # sigmoid(0) = 1/2 on every channel
+        plain_block.attn.c_proj.weight.data /= 2
+    idx = torch.randint(0, 13, (2, 16))
+    torch.testing.assert_close(gated(idx)[0], plain(idx)[0])
+    # Sampled through the KV cache, the gated model gives what a full forward per token gives.
+    torch.manual_seed(1)
+    for block in gated.h:
+        torch.nn.init.normal_(block.attn.head_gate.weight)
+    cached = gated.generate(idx[:1, :3], 8, temperature=0.0)
+    full = idx[:1, :3]
+    for _ in range(8):
+        full = torch.cat([full, gated(full)[0][:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(cached, full)
+
+
+def test_windows_without_replacement_read_every_window_of_an_epoch_once_before_any_again():
+    tc = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, short_context=0.0,
+                         max_iters=100, out_dir="", device="cpu")
+    trainer = gpt.Trainer(tc, torch.arange(1000) % 13, gpt.CharTokenizer("abcdefghijklm"), log=lambda *a: None)
+    trainer.splits["train"] = torch.arange(201)  # each token its position: a window's first token is its start
+    starts = [int(x[0]) for _ in range(25) for x in bench.epochs_batch(trainer, "train")[0]]
+    # 200 tokens after the offset's: 25 windows of 8 from offset 0, fewer from any other.
+    epoch = len(range(starts[0] % 8, 200 - 8 + 1, 8))
+    assert len(set(starts[:epoch])) == epoch and {s % 8 for s in starts[:epoch]} == {starts[0] % 8}
+    x, y = bench.epochs_batch(trainer, "train")
+    assert torch.equal(y, x + 1) and x.shape == (2, 8)
