@@ -738,8 +738,9 @@ def gained_heads(attn, x, rope=None):
 
 
 def gated_attention(config):
-    """Each head's output gated by a sigmoid of the block's input, a gate a channel (Qwen3-Next's gated attention):
-    a head can say nothing where it has nothing to add. One more matrix a block, a Muon matrix like the maps."""
+    """Each head's output gated by a sigmoid of the attention's input (the normed stream), a gate a channel
+    (Qwen3-Next's gated attention): a head can say nothing where it has nothing to add. One more matrix a block, a
+    Muon matrix like the maps, with PyTorch's own init of a Linear (uniform within 1/sqrt(n_embd))."""
     model = gpt.GPT(config)
     for block in model.h:
         block.attn.head_gate = torch.nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -752,21 +753,25 @@ def gated_forward(attn, x, rope=None, cache=None):
     q, k, v = attn.heads(x, rope)
     if cache is not None:
         k, v = cache.update(attn.layer_idx, k, v)
+    dropout = attn.dropout if attn.training else 0.0
     with torch.autocast("cpu", enabled=False):
         q, k, v = q.to(x.dtype), k.to(x.dtype), v.to(x.dtype)
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=q.size(2) > 1)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=q.size(2) > 1)
     y = y.transpose(1, 2).flatten(2)  # (B, T, C)
-    return attn.c_proj(y * torch.sigmoid(attn.head_gate(x)))
+    y = attn.c_proj(y * torch.sigmoid(attn.head_gate(x)))
+    return torch.nn.functional.dropout(y, attn.dropout, attn.training)
 
 
 def epochs_batch(trainer, split):
     """gpt.Trainer.batch drawing its windows without replacement: the split cut into windows of the step's
-    context from a random offset, shuffled, each read once before any is read again."""
+    context from a random offset, shuffled, each read once before any is read again (the last of a pass, fewer
+    than a batch, are left out)."""
     data = trainer.splits[split]
     T = trainer.tc.block_size
     if gpt.progress(trainer.tc, trainer.it, trainer.elapsed) < trainer.tc.short_context:
         T = max(1, T // 2)
     B = trainer.tc.batch_size * trainer.tc.block_size // T
+    # The windows each context has left this pass, kept on the trainer: every run starts a pass of its own.
     unread = trainer.__dict__.setdefault("unread", {})
     starts = unread.get((split, T), [])
     if len(starts) < B:

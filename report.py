@@ -421,7 +421,10 @@ class Progress:
         else:
             dt = (self.t_step - self.t_line) / max(1, it - self.it_line)
         dt = max(dt, 1e-9)
-        left = tc.max_time - trainer.elapsed if tc.max_time else (tc.max_iters - it) * dt
+        if tc.max_time:
+            left = tc.max_time - trainer.elapsed
+        else:
+            left = (tc.max_iters - it) * dt
         self.t_line = self.t_step
         self.it_line = it
         self.timed = 0.0

@@ -304,23 +304,27 @@ def test_each_candidate_trains_as_it_says_in_alternating_rounds_and_gpt_py_is_pu
     assert [r["products"] for r in rows[:5]] == ["float32", "float32", "float32", "bfloat16", "float32"]
 
 
-def test_a_windows_candidate_draws_the_rows_and_context_it_names_at_each_share_of_the_run(tmp_path):
+def test_a_windows_candidate_draws_the_rows_and_context_it_names_at_each_share_of_the_run(tmp_path, monkeypatch):
     (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
     real_batch = gpt.Trainer.batch
+    real_windows_batch = bench.windows_batch
     shapes = []
 
-    def recorded(windows):
-        def shape(tc, done):
-            shapes.append(windows(tc, done))
-            return shapes[-1]
-        return shape
+    def recorded(windows):  # the shape of each batch drawn
+        batch = real_windows_batch(windows)
 
+        def drawn(trainer, split):
+            x, y = batch(trainer, split)
+            shapes.append(tuple(x.shape))
+            return x, y
+        return drawn
+
+    monkeypatch.setattr(bench, "windows_batch", recorded)
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, log=lambda line: None, steps=10)
     last_30 = bench.CANDIDATES["windows of 512 for the last 30%"].windows
     for windows in (bench.quarter_then_half, bench.half_the_rows_first, last_30):
         shapes.clear()
-        rows = bench.compare({"windows": bench.Setting(windows=recorded(windows))}, 0.0, str(tmp_path / "t.txt"), 1,
-                             **options)
+        rows = bench.compare({"windows": bench.Setting(windows=windows)}, 0.0, str(tmp_path / "t.txt"), 1, **options)
         assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch
         assert shapes[:10] == {bench.quarter_then_half: [(8, 4)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
                                bench.half_the_rows_first: [(2, 8)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
@@ -754,14 +758,20 @@ def test_gated_attention_with_its_gate_at_zero_is_the_default_model_with_half_of
     assert torch.equal(cached, full)
 
 
-def test_windows_without_replacement_read_every_window_of_an_epoch_once_before_any_again():
+def test_windows_without_replacement_read_every_window_of_an_epoch_once_before_any_again(tmp_path):
     tc = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, short_context=0.0,
                          max_iters=100, out_dir="", device="cpu")
     trainer = gpt.Trainer(tc, torch.arange(1000) % 13, gpt.CharTokenizer("abcdefghijklm"), log=lambda *a: None)
     trainer.splits["train"] = torch.arange(201)  # each token its position: a window's first token is its start
     starts = [int(x[0]) for _ in range(25) for x in bench.epochs_batch(trainer, "train")[0]]
-    # 200 tokens after the offset's: 25 windows of 8 from offset 0, fewer from any other.
-    epoch = len(range(starts[0] % 8, 200 - 8 + 1, 8))
+    # The windows of 8 after the pass's offset, as many as whole batches of 2 take.
+    epoch = len(range(starts[0] % 8, 200 - 8 + 1, 8)) // 2 * 2
     assert len(set(starts[:epoch])) == epoch and {s % 8 for s in starts[:epoch]} == {starts[0] % 8}
     x, y = bench.epochs_batch(trainer, "train")
     assert torch.equal(y, x + 1) and x.shape == (2, 8)
+    # As a candidate, it trains in place of gpt.Trainer.batch, which is put back after.
+    (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
+    real_batch = gpt.Trainer.batch
+    rows = bench.compare({"epochs": bench.CANDIDATES["windows without replacement"]}, 0.0, str(tmp_path / "t.txt"), 1,
+                         log=lambda line: None, steps=3, n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
+    assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch

@@ -1,4 +1,4 @@
-"""Tests of report.py: the page train.py and sample.py write."""
+"""Tests of report.py: the page train.py and sample.py write, and the progress line of a run."""
 import os
 import re
 import subprocess
@@ -125,7 +125,7 @@ def test_the_progress_line_times_the_steps_alone_leaving_out_each_one_an_evaluat
     trainer = types.SimpleNamespace(it=0, tc=tc, elapsed=0.0, lr=1e-3)
     # Made at 100 s; steps 1 to 4 end at these times, an evaluation of 5 s run after step 2.
     clock = iter([100.0, 100.5, 100.6, 105.7, 105.8])
-    monkeypatch.setattr(report.time, "time", lambda: next(clock))
+    monkeypatch.setattr(report, "time", types.SimpleNamespace(time=lambda: next(clock)))
     progress = report.Progress(trainer, tokens_per_step=1000)
     for _ in range(4):
         trainer.it += 1
