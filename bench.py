@@ -660,9 +660,9 @@ def quarter_then_half(tc, done):
     step."""
     T = tc.block_size
     if done < 0.6:
-        T //= 2
+        T = max(1, T // 2)
     if done < 0.2:
-        T //= 2
+        T = max(1, T // 2)
     return tc.batch_size * tc.block_size // T, T
 
 
@@ -672,9 +672,9 @@ def windows_of_512_last(share):
     def windows(tc, done):
         T = tc.block_size
         if done < 1 - share:
-            T //= 2
+            T = max(1, T // 2)
         if done < 0.6:
-            T //= 2
+            T = max(1, T // 2)
         return tc.batch_size * tc.block_size // T, T
     return windows
 
@@ -687,7 +687,7 @@ def half_the_rows_first(tc, done):
     rows = tc.batch_size * 2
     if done < 0.2:
         rows //= 2
-    return rows, tc.block_size // 2
+    return rows, max(1, tc.block_size // 2)
 
 
 def relu_squared(config):
