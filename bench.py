@@ -644,37 +644,30 @@ def cooldown_over(share):
     return lr_at
 
 
+def read_windows(trainer, split, ix, T):
+    """The batch (x, y), each (B, T), of the windows of split that start at ix (B, 1), as gpt.Trainer.batch reads
+    them."""
+    xy = torch.as_tensor(trainer.splits[split][ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
+    return xy[:, :-1], xy[:, 1:]
+
+
 def windows_batch(windows):
     """gpt.Trainer.batch with each step's rows and context from windows(tc, share of the run done)."""
     def batch(trainer, split):
-        data = trainer.splits[split]
         B, T = windows(trainer.tc, gpt.progress(trainer.tc, trainer.it, trainer.elapsed))
-        ix = torch.randint(len(data) - T, (B, 1), generator=trainer.generator)
-        xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
-        return xy[:, :-1], xy[:, 1:]
+        ix = torch.randint(len(trainer.splits[split]) - T, (B, 1), generator=trainer.generator)
+        return read_windows(trainer, split, ix, T)
     return batch
 
 
-def quarter_then_half(tc, done):
-    """A quarter of the context for the first 20% of the run, half until 60%, then all of it; the same tokens a
-    step."""
-    T = tc.block_size
-    if done < 0.6:
-        T = max(1, T // 2)
-    if done < 0.2:
-        T = max(1, T // 2)
-    return tc.batch_size * tc.block_size // T, T
-
-
-def windows_of_512_last(share):
-    """Windows for a context of 512 at batch 2: 8 of 128 a step for the first 60% of the run, then 4 of 256, and 2
-    of 512 over the last `share`; the same tokens a step."""
+def context_halved_before(*shares):
+    """Windows whose context halves once for each of shares the run has not reached, in as many more rows as keep
+    the tokens a step: (short_context) is gpt.Trainer.batch's own."""
     def windows(tc, done):
         T = tc.block_size
-        if done < 1 - share:
-            T = max(1, T // 2)
-        if done < 0.6:
-            T = max(1, T // 2)
+        for share in shares:
+            if done < share:
+                T = max(1, T // 2)
         return tc.batch_size * tc.block_size // T, T
     return windows
 
@@ -682,12 +675,10 @@ def windows_of_512_last(share):
 def half_the_rows_first(tc, done):
     """The default's windows, with half of its rows a step over the first 20% of the run: a smaller batch while
     the model learns fastest."""
-    if done >= tc.short_context:
-        return tc.batch_size, tc.block_size
-    rows = tc.batch_size * 2
+    B, T = context_halved_before(tc.short_context)(tc, done)
     if done < 0.2:
-        rows //= 2
-    return rows, max(1, tc.block_size // 2)
+        B = max(1, B // 2)
+    return B, T
 
 
 def relu_squared(config):
@@ -766,22 +757,17 @@ def epochs_batch(trainer, split):
     """gpt.Trainer.batch drawing its windows without replacement: the split cut into windows of the step's
     context from a random offset, shuffled, each read once before any is read again (the last of a pass, fewer
     than a batch, are left out)."""
-    data = trainer.splits[split]
-    T = trainer.tc.block_size
-    if gpt.progress(trainer.tc, trainer.it, trainer.elapsed) < trainer.tc.short_context:
-        T = max(1, T // 2)
-    B = trainer.tc.batch_size * trainer.tc.block_size // T
+    tc = trainer.tc
+    B, T = context_halved_before(tc.short_context)(tc, gpt.progress(tc, trainer.it, trainer.elapsed))
     # The windows each context has left this pass, kept on the trainer: every run starts a pass of its own.
     unread = trainer.__dict__.setdefault("unread", {})
     starts = unread.get((split, T), [])
     if len(starts) < B:
         offset = int(torch.randint(T, (1,), generator=trainer.generator))
-        count = (len(data) - 1 - offset) // T
+        count = (len(trainer.splits[split]) - 1 - offset) // T
         starts = (torch.randperm(count, generator=trainer.generator) * T + offset).tolist()
-    ix = torch.tensor(starts[:B]).view(B, 1)
     unread[(split, T)] = starts[B:]
-    xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
-    return xy[:, :-1], xy[:, 1:]
+    return read_windows(trainer, split, torch.tensor(starts[:B]).view(B, 1), T)
 
 
 def zero_c_proj(config):
@@ -997,14 +983,15 @@ CANDIDATES = {
     "half the context, twice the rows, for the first 20%": Setting(changes=dict(short_context=0.2)),
     "half the context, twice the rows, for the first 40%": Setting(changes=dict(short_context=0.4)),
     "half the context, twice the rows, for the first 80%": Setting(changes=dict(short_context=0.8)),
-    "a quarter of the context for the first 20%, half until 60%": Setting(windows=quarter_then_half),
+    "a quarter of the context for the first 20%, half until 60%": Setting(windows=context_halved_before(0.2, 0.6)),
     "half the rows for the first 20%": Setting(windows=half_the_rows_first),
     "gated attention": Setting(model=gated_attention),
     "windows without replacement": Setting(batch=epochs_batch),
+    # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
-                                               windows=windows_of_512_last(0.15)),
+                                               windows=context_halved_before(0.6, 0.85)),
     "windows of 512 for the last 30%": Setting(changes=dict(block_size=512, batch_size=2),
-                                               windows=windows_of_512_last(0.3)),
+                                               windows=context_halved_before(0.6, 0.7)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

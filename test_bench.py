@@ -321,12 +321,15 @@ def test_a_windows_candidate_draws_the_rows_and_context_it_names_at_each_share_o
 
     monkeypatch.setattr(bench, "windows_batch", recorded)
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, log=lambda line: None, steps=10)
+    quarter = bench.CANDIDATES["a quarter of the context for the first 20%, half until 60%"].windows
     last_30 = bench.CANDIDATES["windows of 512 for the last 30%"].windows
-    for windows in (bench.quarter_then_half, bench.half_the_rows_first, last_30):
+    own = bench.context_halved_before(gpt.TrainConfig.short_context)  # gpt.Trainer.batch's
+    for windows in (own, quarter, bench.half_the_rows_first, last_30):
         shapes.clear()
         rows = bench.compare({"windows": bench.Setting(windows=windows)}, 0.0, str(tmp_path / "t.txt"), 1, **options)
         assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch
-        assert shapes[:10] == {bench.quarter_then_half: [(8, 4)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
+        assert shapes[:10] == {own: [(4, 8)] * 6 + [(2, 16)] * 4,
+                               quarter: [(8, 4)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
                                bench.half_the_rows_first: [(2, 8)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
                                last_30: [(8, 4)] * 6 + [(4, 8)] + [(2, 16)] * 3}[windows]
 
@@ -775,3 +778,16 @@ def test_windows_without_replacement_read_every_window_of_an_epoch_once_before_a
     rows = bench.compare({"epochs": bench.CANDIDATES["windows without replacement"]}, 0.0, str(tmp_path / "t.txt"), 1,
                          log=lambda line: None, steps=3, n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
     assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch
+
+
+def test_the_windows_of_gpt_py_s_own_schedule_draw_what_gpt_trainer_batch_draws():
+    tc = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2, max_iters=10, out_dir="",
+                         device="cpu")
+    trainers = [gpt.Trainer(tc, torch.arange(3000) % 13, gpt.CharTokenizer("abcdefghijklm"), log=lambda *a: None)
+                for _ in range(2)]
+    own = bench.windows_batch(bench.context_halved_before(tc.short_context))
+    for it in (0, 5, 6, 9):  # half the context before 60% of the run, all of it after
+        for trainer in trainers:
+            trainer.it = it
+        for theirs, ours in zip(gpt.Trainer.batch(trainers[0], "train"), own(trainers[1], "train")):
+            assert torch.equal(theirs, ours)
