@@ -919,6 +919,48 @@ def own_rate(name, lr):
     return configure
 
 
+class NorMuon(gpt.Muon):
+    """gpt.Muon with each row of an orthogonalised update (a neuron's weights in) divided by the root of a running
+    mean of its squares, then the whole update scaled back to its norm before: NorMuon (Li et al., 2025), which
+    evens out the rows' steps that orthogonalising leaves uneven. beta2 weighs the running mean."""
+
+    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, beta2=0.95):
+        super().__init__(params, lr, momentum, weight_decay)
+        self.beta2 = beta2
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            by_shape = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                    state["row_squares"] = p.new_zeros(p.size(0), 1)
+                state["momentum_buffer"].lerp_(p.grad, 1 - group["momentum"])
+                by_shape.setdefault(p.shape, []).append((p, p.grad.lerp(state["momentum_buffer"], group["momentum"])))
+            for pairs in by_shape.values():
+                updates = gpt.newton_schulz(torch.stack([u for _, u in pairs])).float()  # (n, rows, cols)
+                for (p, _), update in zip(pairs, updates):
+                    squares = self.state[p]["row_squares"]
+                    squares.lerp_(update.square().mean(dim=1, keepdim=True), 1 - self.beta2)
+                    normed = update / squares.sqrt().clamp(min=1e-10)
+                    normed *= update.norm() / normed.norm().clamp(min=1e-10)
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                    p.add_(normed, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
+
+
+def normuon(model, tc, device_type="cpu"):
+    """gpt.configure_optimizers with NorMuon in place of gpt.Muon, at the same rates and momentum."""
+    optimizers = CONFIGURE_OPTIMIZERS(model, tc, device_type)
+    if isinstance(optimizers[-1], gpt.Muon):
+        optimizers[-1] = NorMuon(optimizers[-1].param_groups[0]["params"], tc.muon_lr, tc.muon_momentum,
+                                 tc.weight_decay)
+    return optimizers
+
+
 # The lists the harness takes, {name: Setting}, the first the one the others are set beside.
 OPTIMIZERS = {name: Setting(changes=dict(optimizer=name)) for name in cli.FIELDS["optimizer"].metadata["choices"]}
 # The default block and a change of it each.
@@ -987,6 +1029,8 @@ CANDIDATES = {
     "half the rows for the first 20%": Setting(windows=half_the_rows_first),
     "gated attention": Setting(model=gated_attention),
     "windows without replacement": Setting(batch=epochs_batch),
+    "NorMuon": Setting(optimizers=normuon),
+    "windows without replacement, NorMuon": Setting(batch=epochs_batch, optimizers=normuon),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.85)),

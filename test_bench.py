@@ -791,3 +791,31 @@ def test_the_windows_of_gpt_py_s_own_schedule_draw_what_gpt_trainer_batch_draws(
             trainer.it = it
         for theirs, ours in zip(gpt.Trainer.batch(trainers[0], "train"), own(trainers[1], "train")):
             assert torch.equal(theirs, ours)
+
+
+@pytest.mark.parametrize("rows, cols", [(24, 8), (8, 24)])
+def test_normuons_first_step_moves_every_row_alike_by_muons_whole_step(rows, cols):
+    torch.manual_seed(0)
+    grad = torch.randn(rows, cols) * torch.linspace(0.1, 3, rows).view(-1, 1)  # rows of very different sizes
+    moved = {}
+    for name, kind in (("muon", gpt.Muon), ("normuon", bench.NorMuon)):
+        p = torch.nn.Parameter(torch.zeros(rows, cols))
+        p.grad = grad.clone()
+        kind([p], lr=0.1).step()
+        moved[name] = -p.detach()
+    row_norms = moved["normuon"].norm(dim=1)
+    # Muon's orthogonalised step leaves its rows uneven; NorMuon's first one evens them out.
+    assert row_norms.max() / row_norms.min() < 1.01 < moved["muon"].norm(dim=1).max() / moved["muon"].norm(dim=1).min()
+    torch.testing.assert_close(moved["normuon"].norm(), moved["muon"].norm(), rtol=1e-3, atol=0)
+
+
+def test_normuon_takes_muons_place_at_its_rates_and_trains():
+    model = gpt.GPT(gpt.GPTConfig(**TINY))
+    tc = gpt.TrainConfig(**TINY)
+    optimizers = bench.normuon(model, tc)
+    plain = gpt.configure_optimizers(model, tc)
+    assert type(optimizers[-1]) is bench.NorMuon and optimizers[-1].defaults["lr"] == tc.muon_lr
+    assert [p for p in optimizers[-1].param_groups[0]["params"]] == plain[-1].param_groups[0]["params"]
+    idx = torch.randint(0, TINY["vocab_size"], (2, 8))
+    losses = [gpt.train_step(model, optimizers, [(idx, idx)]).item() for _ in range(10)]
+    assert losses[-1] < losses[0]
