@@ -1030,6 +1030,8 @@ CANDIDATES = {
     "gated attention": Setting(model=gated_attention),
     "windows without replacement": Setting(batch=epochs_batch),
     "NorMuon": Setting(optimizers=normuon),
+    "two micro-batches a step": Setting(changes=dict(grad_accum=2)),
+    "two micro-batches a step, windows without replacement": Setting(changes=dict(grad_accum=2), batch=epochs_batch),
     "windows without replacement, NorMuon": Setting(batch=epochs_batch, optimizers=normuon),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
