@@ -55,9 +55,9 @@ import train
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bigram=0)
 # nanoGPT's CPU recipe (its README: shakespeare_char at 4 layers, 128 wide, context 64, batch 12, no dropout; bias off),
-# trained here with AdamW as nanoGPT trains it, so that a step is set beside its own.
+# trained here with AdamW and one micro-batch a step as nanoGPT trains it, so that a step is set beside its own.
 RECIPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, bias=False)
-RECIPE_OPTIMIZER = dict(optimizer="adamw")
+RECIPE_OPTIMIZER = dict(optimizer="adamw", grad_accum=1)
 RECIPE_STEPS, RECIPE_EVALS, RECIPE_EVAL_ITERS, RECIPE_BATCH = 2000, 9, 20, 12  # evaluations at 0, 250, ..., 2000
 # nanoGPT's shakespeare_char model, the one its README samples from
 SAMPLING = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=False)
@@ -124,12 +124,13 @@ def batches(block_size, batch_size, device, seed=0):
 
 
 def our_step(config, tc, device, amp=contextlib.nullcontext(), compile=False):
-    """One optimizer step of gpt.py, as train.py takes it: train_step with clipping and tc's optimizers."""
+    """One optimizer step of gpt.py, as train.py takes it: train_step on tc's micro-batches, with clipping and tc's
+    optimizers."""
     torch.manual_seed(0)
     model = gpt.GPT(config).to(device)
     optimizers = gpt.configure_optimizers(model, tc, device.type)
     stepped, data = torch.compile(model) if compile else model, batches(config.block_size, tc.batch_size, device)
-    return lambda: gpt.train_step(stepped, optimizers, [next(data)], tc.grad_clip, amp)
+    return lambda: gpt.train_step(stepped, optimizers, [next(data) for _ in range(tc.grad_accum)], tc.grad_clip, amp)
 
 
 def bench_training(device, peaks, bf16):
@@ -149,7 +150,7 @@ def bench_training(device, peaks, bf16):
     t = interleaved({key: step for key, (_, _, step) in runs.items()}, device, rounds=5, repeats=8)
     rows, torch_dtype = [], {"fp32": "float32", "bf16 autocast": "bfloat16"}
     for (name, dtype), (tc, config, _) in runs.items():
-        tokens = tc.batch_size * tc.block_size / t[name, dtype]
+        tokens = tc.batch_size * tc.block_size * tc.grad_accum / t[name, dtype]
         rows.append(dict(name=name, dtype=dtype, ms_per_iter=t[name, dtype] * 1000, tokens_per_s=tokens,
                          mfu=tokens * flops_per_token(config) / 1e9 / peaks[torch_dtype[dtype]]))
     return rows
@@ -644,19 +645,10 @@ def cooldown_over(share):
     return lr_at
 
 
-def read_windows(trainer, split, ix, T):
-    """The batch (x, y), each (B, T), of the windows of split that start at ix (B, 1), as gpt.Trainer.batch reads
-    them."""
-    xy = torch.as_tensor(trainer.splits[split][ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
-    return xy[:, :-1], xy[:, 1:]
-
-
 def windows_batch(windows):
     """gpt.Trainer.batch with each step's rows and context from windows(tc, share of the run done)."""
     def batch(trainer, split):
-        B, T = windows(trainer.tc, gpt.progress(trainer.tc, trainer.it, trainer.elapsed))
-        ix = torch.randint(len(trainer.splits[split]) - T, (B, 1), generator=trainer.generator)
-        return read_windows(trainer, split, ix, T)
+        return trainer.windows(split, *windows(trainer.tc, gpt.progress(trainer.tc, trainer.it, trainer.elapsed)))
     return batch
 
 
@@ -753,21 +745,14 @@ def gated_forward(attn, x, rope=None, cache=None):
     return torch.nn.functional.dropout(y, attn.dropout, attn.training)
 
 
-def epochs_batch(trainer, split):
-    """gpt.Trainer.batch drawing its windows without replacement: the split cut into windows of the step's
-    context from a random offset, shuffled, each read once before any is read again (the last of a pass, fewer
-    than a batch, are left out)."""
+def random_starts(trainer, split):
+    """gpt.Trainer.batch with each window's start drawn at random from all of the split's, with replacement, where
+    gpt.Trainer.windows reads the windows of a pass each once: here some text is read twice before some once."""
     tc = trainer.tc
     B, T = context_halved_before(tc.short_context)(tc, gpt.progress(tc, trainer.it, trainer.elapsed))
-    # The windows each context has left this pass, kept on the trainer: every run starts a pass of its own.
-    unread = trainer.__dict__.setdefault("unread", {})
-    starts = unread.get((split, T), [])
-    if len(starts) < B:
-        offset = int(torch.randint(T, (1,), generator=trainer.generator))
-        count = (len(trainer.splits[split]) - 1 - offset) // T
-        starts = (torch.randperm(count, generator=trainer.generator) * T + offset).tolist()
-    unread[(split, T)] = starts[B:]
-    return read_windows(trainer, split, torch.tensor(starts[:B]).view(B, 1), T)
+    ix = torch.randint(len(trainer.splits[split]) - T, (B, 1), generator=trainer.generator)
+    xy = torch.as_tensor(trainer.splits[split][ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
+    return xy[:, :-1], xy[:, 1:]
 
 
 def zero_c_proj(config):
@@ -966,21 +951,21 @@ OPTIMIZERS = {name: Setting(changes=dict(optimizer=name)) for name in cli.FIELDS
 # The default block and a change of it each.
 VARIANTS = {"default": Setting(), "relu squared": Setting(model=relu_squared), "qk-norm": Setting(model=qk_norm),
             "zero c_proj": Setting(model=zero_c_proj), "tied": Setting(changes=dict(tie_weights=True))}
-# Whole windows of 128 tokens, 8 a step: the windows of the candidates named for older recipes
-# (docs/benchmarks.md).
-WINDOWS_OF_128 = dict(block_size=128, batch_size=8, short_context=0.0)
+# Whole windows of 128 tokens, 8 a step in one micro-batch, drawn at random starts (random_starts, which each of them
+# takes as its batch): the windows of the candidates named for older recipes (docs/benchmarks.md).
+WINDOWS_OF_128 = dict(block_size=128, batch_size=8, short_context=0.0, grad_accum=1)
 # The default recipe and a change of it each: options, a schedule, torch.compile, Muon's products or the model.
 CANDIDATES = {
     "default": Setting(),
     "tied, cosine, 100 warmup, 4 layers, momentum flat, decay 0.1, no table": Setting(
         changes=dict(tie_weights=True, warmup_iters=100, n_layer=4, muon_momentum_start=0.95, weight_decay=0.1,
-                     bigram=0, **WINDOWS_OF_128), lr_at=cosine_lr),
+                     bigram=0, **WINDOWS_OF_128), lr_at=cosine_lr, batch=random_starts),
     "4 layers, embedding at 3e-3, momentum flat, decay 0.1, no table": Setting(
         changes=dict(n_layer=4, embedding_lr=3e-3, muon_momentum_start=0.95, weight_decay=0.1, bigram=0,
-                     **WINDOWS_OF_128)),
-    "decay 0.1, no table": Setting(changes=dict(weight_decay=0.1, bigram=0, **WINDOWS_OF_128)),
-    "no bigram table": Setting(changes=dict(bigram=0, **WINDOWS_OF_128)),
-    "context 128, batch 8": Setting(changes=WINDOWS_OF_128),
+                     **WINDOWS_OF_128), batch=random_starts),
+    "decay 0.1, no table": Setting(changes=dict(weight_decay=0.1, bigram=0, **WINDOWS_OF_128), batch=random_starts),
+    "no bigram table": Setting(changes=dict(bigram=0, **WINDOWS_OF_128), batch=random_starts),
+    "context 128, batch 8": Setting(changes=WINDOWS_OF_128, batch=random_starts),
     "context 64, batch 16": Setting(changes=dict(block_size=64, batch_size=16, short_context=0.0)),
     "compile": Setting(compile=True),
     "Muon in bfloat16": Setting(matmul_dtype=torch.bfloat16),
@@ -998,7 +983,8 @@ CANDIDATES = {
     "logits soft-capped at 15": Setting(model=softcapped),
     "value embeddings": Setting(model=ValueEmbeddingGPT),
     "Muon in float32": Setting(matmul_dtype=torch.float32),
-    "half the context, twice the rows, for the first 30%": Setting(changes={**WINDOWS_OF_128, "short_context": 0.3}),
+    "half the context, twice the rows, for the first 30%": Setting(changes={**WINDOWS_OF_128, "short_context": 0.3},
+                                                                   batch=random_starts),
     "2 heads": Setting(changes=dict(n_head=2)),
     "8 heads": Setting(changes=dict(n_head=8)),
     "output layer at 0.01": Setting(optimizers=own_rate("lm_head", 0.01)),
@@ -1011,7 +997,7 @@ CANDIDATES = {
     "Muon's momentum from 0.7": Setting(changes=dict(muon_momentum_start=0.7)),
     "qk-norm": Setting(model=qk_norm),
     "qk-norm with gains": Setting(model=qk_norm_gains),
-    "float32 steps": Setting(changes=WINDOWS_OF_128,
+    "float32 steps": Setting(changes=WINDOWS_OF_128, batch=random_starts,
                              autocast=lambda device: torch.autocast(device.type, enabled=False)),
     "4 layers": Setting(changes=dict(n_layer=4)),
     "whole windows of 256": Setting(changes=dict(short_context=0.0)),
@@ -1028,11 +1014,10 @@ CANDIDATES = {
     "a quarter of the context for the first 20%, half until 60%": Setting(windows=context_halved_before(0.2, 0.6)),
     "half the rows for the first 20%": Setting(windows=half_the_rows_first),
     "gated attention": Setting(model=gated_attention),
-    "windows without replacement": Setting(batch=epochs_batch),
     "NorMuon": Setting(optimizers=normuon),
-    "two micro-batches a step": Setting(changes=dict(grad_accum=2)),
-    "two micro-batches a step, windows without replacement": Setting(changes=dict(grad_accum=2), batch=epochs_batch),
-    "windows without replacement, NorMuon": Setting(batch=epochs_batch, optimizers=normuon),
+    "windows at random starts": Setting(batch=random_starts),
+    "one micro-batch a step": Setting(changes=dict(grad_accum=1)),
+    "one micro-batch a step, windows at random starts": Setting(changes=dict(grad_accum=1), batch=random_starts),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.85)),
