@@ -1018,6 +1018,7 @@ CANDIDATES = {
     "windows at random starts": Setting(batch=random_starts),
     "one micro-batch a step": Setting(changes=dict(grad_accum=1)),
     "one micro-batch a step, windows at random starts": Setting(changes=dict(grad_accum=1), batch=random_starts),
+    "batch 2, four micro-batches a step": Setting(changes=dict(batch_size=2, grad_accum=4)),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.85)),
