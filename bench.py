@@ -645,10 +645,19 @@ def cooldown_over(share):
     return lr_at
 
 
+def read_windows(trainer, split, ix, T):
+    """The batch (x, y), each (B, T), of the windows of split that start at ix (B, 1), as gpt.Trainer.batch reads
+    them."""
+    xy = torch.as_tensor(trainer.splits[split][ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
+    return xy[:, :-1], xy[:, 1:]
+
+
 def windows_batch(windows):
     """gpt.Trainer.batch with each step's rows and context from windows(tc, share of the run done)."""
     def batch(trainer, split):
-        return trainer.windows(split, *windows(trainer.tc, gpt.progress(trainer.tc, trainer.it, trainer.elapsed)))
+        B, T = windows(trainer.tc, gpt.progress(trainer.tc, trainer.it, trainer.elapsed))
+        ix = torch.randint(len(trainer.splits[split]) - T, (B, 1), generator=trainer.generator)
+        return read_windows(trainer, split, ix, T)
     return batch
 
 
@@ -745,14 +754,21 @@ def gated_forward(attn, x, rope=None, cache=None):
     return torch.nn.functional.dropout(y, attn.dropout, attn.training)
 
 
-def random_starts(trainer, split):
-    """gpt.Trainer.batch with each window's start drawn at random from all of the split's, with replacement, where
-    gpt.Trainer.windows reads the windows of a pass each once: here some text is read twice before some once."""
+def epochs_batch(trainer, split):
+    """gpt.Trainer.batch drawing its windows without replacement: the split cut into windows of the step's
+    context from a random offset, shuffled, each read once before any is read again (the last of a pass, fewer
+    than a batch, are left out)."""
     tc = trainer.tc
     B, T = context_halved_before(tc.short_context)(tc, gpt.progress(tc, trainer.it, trainer.elapsed))
-    ix = torch.randint(len(trainer.splits[split]) - T, (B, 1), generator=trainer.generator)
-    xy = torch.as_tensor(trainer.splits[split][ix + torch.arange(T + 1)]).long().to(trainer.device)  # (B, T + 1)
-    return xy[:, :-1], xy[:, 1:]
+    # The windows each context has left this pass, kept on the trainer: every run starts a pass of its own.
+    unread = trainer.__dict__.setdefault("unread", {})
+    starts = unread.get((split, T), [])
+    if len(starts) < B:
+        offset = int(torch.randint(T, (1,), generator=trainer.generator))
+        count = (len(trainer.splits[split]) - 1 - offset) // T
+        starts = (torch.randperm(count, generator=trainer.generator) * T + offset).tolist()
+    unread[(split, T)] = starts[B:]
+    return read_windows(trainer, split, torch.tensor(starts[:B]).view(B, 1), T)
 
 
 def zero_c_proj(config):
@@ -951,21 +967,21 @@ OPTIMIZERS = {name: Setting(changes=dict(optimizer=name)) for name in cli.FIELDS
 # The default block and a change of it each.
 VARIANTS = {"default": Setting(), "relu squared": Setting(model=relu_squared), "qk-norm": Setting(model=qk_norm),
             "zero c_proj": Setting(model=zero_c_proj), "tied": Setting(changes=dict(tie_weights=True))}
-# Whole windows of 128 tokens, 8 a step in one micro-batch, drawn at random starts (random_starts, which each of them
-# takes as its batch): the windows of the candidates named for older recipes (docs/benchmarks.md).
-WINDOWS_OF_128 = dict(block_size=128, batch_size=8, short_context=0.0, grad_accum=1)
+# Whole windows of 128 tokens, 8 a step: the windows of the candidates named for older recipes
+# (docs/benchmarks.md).
+WINDOWS_OF_128 = dict(block_size=128, batch_size=8, short_context=0.0)
 # The default recipe and a change of it each: options, a schedule, torch.compile, Muon's products or the model.
 CANDIDATES = {
     "default": Setting(),
     "tied, cosine, 100 warmup, 4 layers, momentum flat, decay 0.1, no table": Setting(
         changes=dict(tie_weights=True, warmup_iters=100, n_layer=4, muon_momentum_start=0.95, weight_decay=0.1,
-                     bigram=0, **WINDOWS_OF_128), lr_at=cosine_lr, batch=random_starts),
+                     bigram=0, **WINDOWS_OF_128), lr_at=cosine_lr),
     "4 layers, embedding at 3e-3, momentum flat, decay 0.1, no table": Setting(
         changes=dict(n_layer=4, embedding_lr=3e-3, muon_momentum_start=0.95, weight_decay=0.1, bigram=0,
-                     **WINDOWS_OF_128), batch=random_starts),
-    "decay 0.1, no table": Setting(changes=dict(weight_decay=0.1, bigram=0, **WINDOWS_OF_128), batch=random_starts),
-    "no bigram table": Setting(changes=dict(bigram=0, **WINDOWS_OF_128), batch=random_starts),
-    "context 128, batch 8": Setting(changes=WINDOWS_OF_128, batch=random_starts),
+                     **WINDOWS_OF_128)),
+    "decay 0.1, no table": Setting(changes=dict(weight_decay=0.1, bigram=0, **WINDOWS_OF_128)),
+    "no bigram table": Setting(changes=dict(bigram=0, **WINDOWS_OF_128)),
+    "context 128, batch 8": Setting(changes=WINDOWS_OF_128),
     "context 64, batch 16": Setting(changes=dict(block_size=64, batch_size=16, short_context=0.0)),
     "compile": Setting(compile=True),
     "Muon in bfloat16": Setting(matmul_dtype=torch.bfloat16),
@@ -983,8 +999,7 @@ CANDIDATES = {
     "logits soft-capped at 15": Setting(model=softcapped),
     "value embeddings": Setting(model=ValueEmbeddingGPT),
     "Muon in float32": Setting(matmul_dtype=torch.float32),
-    "half the context, twice the rows, for the first 30%": Setting(changes={**WINDOWS_OF_128, "short_context": 0.3},
-                                                                   batch=random_starts),
+    "half the context, twice the rows, for the first 30%": Setting(changes={**WINDOWS_OF_128, "short_context": 0.3}),
     "2 heads": Setting(changes=dict(n_head=2)),
     "8 heads": Setting(changes=dict(n_head=8)),
     "output layer at 0.01": Setting(optimizers=own_rate("lm_head", 0.01)),
@@ -997,7 +1012,7 @@ CANDIDATES = {
     "Muon's momentum from 0.7": Setting(changes=dict(muon_momentum_start=0.7)),
     "qk-norm": Setting(model=qk_norm),
     "qk-norm with gains": Setting(model=qk_norm_gains),
-    "float32 steps": Setting(changes=WINDOWS_OF_128, batch=random_starts,
+    "float32 steps": Setting(changes=WINDOWS_OF_128,
                              autocast=lambda device: torch.autocast(device.type, enabled=False)),
     "4 layers": Setting(changes=dict(n_layer=4)),
     "whole windows of 256": Setting(changes=dict(short_context=0.0)),
@@ -1014,11 +1029,13 @@ CANDIDATES = {
     "a quarter of the context for the first 20%, half until 60%": Setting(windows=context_halved_before(0.2, 0.6)),
     "half the rows for the first 20%": Setting(windows=half_the_rows_first),
     "gated attention": Setting(model=gated_attention),
+    "windows without replacement": Setting(batch=epochs_batch),
     "NorMuon": Setting(optimizers=normuon),
-    "windows at random starts": Setting(batch=random_starts),
-    "one micro-batch a step": Setting(changes=dict(grad_accum=1)),
-    "one micro-batch a step, windows at random starts": Setting(changes=dict(grad_accum=1), batch=random_starts),
-    "batch 2, four micro-batches a step": Setting(changes=dict(batch_size=2, grad_accum=4)),
+    "two micro-batches a step": Setting(changes=dict(grad_accum=2)),
+    "two micro-batches a step, windows without replacement": Setting(changes=dict(grad_accum=2), batch=epochs_batch),
+    "batch 2, four micro-batches a step, windows without replacement": Setting(changes=dict(batch_size=2, grad_accum=4),
+                                                                             batch=epochs_batch),
+    "windows without replacement, NorMuon": Setting(batch=epochs_batch, optimizers=normuon),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.85)),

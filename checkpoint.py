@@ -421,29 +421,6 @@ def restore(trainer, ckpt):
     trainer.history = ckpt["history"]
     torch.set_rng_state(ckpt["rng"]["torch"])
     trainer.generator.set_state(ckpt["rng"]["batches"])
-    trainer.unread = unread_windows(ckpt, trainer)
-
-
-def unread_windows(ckpt, trainer):
-    """The windows the checkpoint's run had not yet read in its passes (gpt.Trainer.unread), those
-    that fit the trainer's data: {(split, context): 1-D int64 starts of whole windows}. The rest (a
-    checkpoint from before passes, a resume on other data, a forged entry) start a new pass."""
-    unread = ckpt.get("unread")
-    if not isinstance(unread, dict):
-        return {}
-    return {key: starts for key, starts in unread.items() if window_starts_fit(trainer, key, starts)}
-
-
-def window_starts_fit(trainer, key, starts):
-    """Whether starts could be windows of key's (split, context) in the trainer's data."""
-    if not (isinstance(key, tuple) and len(key) == 2 and key[0] in trainer.splits):
-        return False
-    split, T = key
-    if type(T) is not int or T < 1 or not isinstance(starts, torch.Tensor):
-        return False
-    if starts.dtype != torch.long or starts.ndim != 1:
-        return False
-    return len(starts) == 0 or (starts.min() >= 0 and starts.max() <= len(trainer.splits[split]) - 1 - T)
 
 
 def resume(trainer, ckpt, path, advice="train without --resume"):

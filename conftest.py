@@ -46,10 +46,9 @@ def tiny_model(seed=0, **overrides):
 
 
 def tiny_train_config(tmp_path, **overrides):
-    """A run of a few steps of a tiny model, one micro-batch a step (the default's two would double its cost)."""
     return gpt.TrainConfig(**{**dict(out_dir=str(tmp_path / "out"), max_iters=8, eval_interval=4, eval_iters=2,
-                                     batch_size=4, grad_accum=1, block_size=16, n_layer=1, n_head=2, n_embd=16,
-                                     warmup_iters=2, device="cpu"), **overrides})
+                                     batch_size=4, block_size=16, n_layer=1, n_head=2, n_embd=16, warmup_iters=2,
+                                     device="cpu"), **overrides})
 
 
 def tiny_flags(tmp_path, **overrides):

@@ -155,13 +155,12 @@ def process_options(options, rank):
 
 
 def reseed(trainer, rank):
-    """After a resume, a process other than the first draws new random streams and passes over the
-    text of its own: only the first one's are saved."""
+    """After a resume, a process other than the first draws new random streams of its own: only the
+    first one's are saved."""
     if rank:
         seed = (trainer.tc.seed + 1_000_003 * trainer.it) % 2 ** 63
         trainer.generator.manual_seed(seed)
         torch.manual_seed(seed)
-        trainer.unread = {}
 
 
 def wrap(trainer, world):

@@ -463,12 +463,12 @@ def load_checkpoint(path, device=None):
 class TrainConfig(GPTConfig):
     """The run's options and the model's; the defaults train for 3 to 5 minutes on 2 cores."""
     out_dir: str = option("out", help='Folder of ckpt.pt and report.html ("" writes none).')
-    max_iters: int = option(2200, min=1, max=MANY, help="Optimizer steps in all.")
+    max_iters: int = option(4000, min=1, max=MANY, help="Optimizer steps in all.")
     max_time: float = option(0.0, min=0, max=MANY, help="Seconds to train instead (0: off).")
     eval_interval: int = option(500, min=1, max=MANY, help="Evaluate and save every this many.")
     eval_iters: int = option(50, min=1, max=MANY, help="Batches per split in an evaluation.")
     batch_size: int = option(4, min=1, max=MANY, help="Sequences per micro-batch.")
-    grad_accum: int = option(2, min=1, max=MANY, help="Micro-batches per optimizer step.")
+    grad_accum: int = option(1, min=1, max=MANY, help="Micro-batches per optimizer step.")
     short_context: float = option(0.6, min=0, max=1, help="Share of the run at half the context.")
     learning_rate: float = option(3e-3, min=1e-9, max=1, help="Peak learning rate (AdamW's).")
     embedding_lr: float = option(0.03, min=1e-9, max=1, help="The untied embedding's peak rate.")
@@ -643,35 +643,25 @@ class Trainer:
         self.amp = autocast(self.device)
         # What the steps run: the model, or what train.py wraps around it (torch.compile, DDP).
         self.wrapped_model = self.model
-        # Where the run stands: steps, seconds, last rate and loss, evaluations, unread windows.
+        # Where the run stands: its steps, its seconds, the last step's rate and loss, evaluations.
         self.it = 0
         self.elapsed = 0.0
         self.lr = None
         self.loss = None
         self.history = []
-        self.unread = {}
+        # More a caller keeps in every checkpoint (train.py: what its data was).
         self.record = {}
 
     def batch(self, split):
-        """The next batch of the split, (x, y), each (batch_size, block_size); over the first
+        """A random batch of the split, (x, y), each (batch_size, block_size); over the first
         short_context of the run, half the context in as many more windows as keep the tokens."""
+        data = self.splits[split]
         T = self.tc.block_size
         # Early on a model uses little context: more windows, each shorter, teach it faster.
         if progress(self.tc, self.it, self.elapsed) < self.tc.short_context:
             T = max(1, T // 2)
-        return self.windows(split, self.tc.batch_size * self.tc.block_size // T, T)
-
-    def windows(self, split, B, T):
-        """The next B windows of T tokens of the split, (x, y), each (B, T)."""
-        data = self.splits[split]
-        # A pass cuts the text into windows from a random offset and reads them in a random order:
-        # each once before any twice (random starts would read some text twice, some not at all).
-        unread = self.unread.get((split, T), torch.empty(0, dtype=torch.long))
-        while len(unread) < B:
-            offset = int(torch.randint(T, (1,), generator=self.generator))
-            order = torch.randperm((len(data) - 1 - offset) // T, generator=self.generator)
-            unread = torch.cat([unread, offset + T * order])
-        ix, self.unread[split, T] = unread[:B, None], unread[B:]  # (B, 1), and the rest
+        B = self.tc.batch_size * self.tc.block_size // T
+        ix = torch.randint(len(data) - T, (B, 1), generator=self.generator)
         # Each row's positions, (B, 1) + (T + 1) -> (B, T + 1): a memmap reads these alone.
         xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long().to(self.device)
         # The target at each position is the token after it.
@@ -745,8 +735,6 @@ class Trainer:
                     tokenizer=getattr(self.tokenizer, "name", None), history=self.history,
                     optimizers=[o.state_dict() for o in self.optimizers],
                     rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()},
-                    unread=self.unread,
-                    # More a caller keeps in every checkpoint (train.py: what its data was).
                     **self.record)
         save_checkpoint(ckpt, os.path.join(self.tc.out_dir, CHECKPOINT))
 

@@ -320,8 +320,7 @@ def test_a_windows_candidate_draws_the_rows_and_context_it_names_at_each_share_o
         return drawn
 
     monkeypatch.setattr(bench, "windows_batch", recorded)
-    options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, grad_accum=1, log=lambda line: None,
-                   steps=10)  # a batch a step
+    options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, log=lambda line: None, steps=10)
     quarter = bench.CANDIDATES["a quarter of the context for the first 20%, half until 60%"].windows
     last_30 = bench.CANDIDATES["windows of 512 for the last 30%"].windows
     own = bench.context_halved_before(gpt.TrainConfig.short_context)  # gpt.Trainer.batch's
@@ -438,7 +437,7 @@ def test_the_cosine_candidate_is_nanogpts_schedule_and_gpt_py_holds_the_peak_the
 
 
 def test_a_cooldown_over_a_share_is_gpt_pys_at_60_percent_and_holds_the_peak_until_its_share():
-    tc = gpt.TrainConfig(max_iters=4000)
+    tc = gpt.TrainConfig()
     at_60, at_40 = bench.cooldown_over(0.6), bench.cooldown_over(0.4)
     assert [at_60(tc, it, 0.0) for it in range(0, 4001, 25)] == [gpt.lr_at(tc, it, 0.0) for it in range(0, 4001, 25)]
     assert at_40(tc, 5, 0.0) == gpt.lr_at(tc, 5, 0.0) < tc.learning_rate  # the same warmup
@@ -762,23 +761,21 @@ def test_gated_attention_with_its_gate_at_zero_is_the_default_model_with_half_of
     assert torch.equal(cached, full)
 
 
-def test_windows_at_random_starts_draw_gpt_py_s_windows_from_any_start_with_replacement(tmp_path):
-    tc = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, max_iters=10, out_dir="",
-                         device="cpu")
+def test_windows_without_replacement_read_every_window_of_an_epoch_once_before_any_again(tmp_path):
+    tc = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, short_context=0.0,
+                         max_iters=100, out_dir="", device="cpu")
     trainer = gpt.Trainer(tc, torch.arange(1000) % 13, gpt.CharTokenizer("abcdefghijklm"), log=lambda *a: None)
     trainer.splits["train"] = torch.arange(201)  # each token its position: a window's first token is its start
-    for it, shape in ((0, (4, 4)), (6, (2, 8))):  # gpt.py's schedule: half the context before 60% of the run
-        trainer.it = it
-        x, y = bench.random_starts(trainer, "train")
-        assert x.shape == shape and torch.equal(y, x + 1)
-    starts = [int(s) for _ in range(100) for s in bench.random_starts(trainer, "train")[0][:, 0]]
-    # Starts at every offset, where a pass's 24 windows of 8 all start at its one offset; 200 starts among 193 repeat.
-    assert len({s % 8 for s in starts[:24]}) > 1 and len({s % 8 for s in starts}) == 8
-    assert len(set(starts)) < len(starts) and max(starts) <= 200 - 8
+    starts = [int(x[0]) for _ in range(25) for x in bench.epochs_batch(trainer, "train")[0]]
+    # The windows of 8 after the pass's offset, as many as whole batches of 2 take.
+    epoch = len(range(starts[0] % 8, 200 - 8 + 1, 8)) // 2 * 2
+    assert len(set(starts[:epoch])) == epoch and {s % 8 for s in starts[:epoch]} == {starts[0] % 8}
+    x, y = bench.epochs_batch(trainer, "train")
+    assert torch.equal(y, x + 1) and x.shape == (2, 8)
     # As a candidate, it trains in place of gpt.Trainer.batch, which is put back after.
     (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
     real_batch = gpt.Trainer.batch
-    rows = bench.compare({"at random": bench.CANDIDATES["windows at random starts"]}, 0.0, str(tmp_path / "t.txt"), 1,
+    rows = bench.compare({"epochs": bench.CANDIDATES["windows without replacement"]}, 0.0, str(tmp_path / "t.txt"), 1,
                          log=lambda line: None, steps=3, n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
     assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch
 
@@ -822,3 +819,12 @@ def test_normuon_takes_muons_place_at_its_rates_and_trains():
     idx = torch.randint(0, TINY["vocab_size"], (2, 8))
     losses = [gpt.train_step(model, optimizers, [(idx, idx)]).item() for _ in range(10)]
     assert losses[-1] < losses[0]
+
+
+def test_our_step_takes_as_many_micro_batches_as_its_config_a_step(monkeypatch):
+    taken = []
+    monkeypatch.setattr(gpt, "train_step", lambda model, optimizers, batches, *args: taken.append(len(batches)))
+    for micro_batches in (1, 3):
+        tc = gpt.TrainConfig(**TINY, grad_accum=micro_batches)
+        bench.our_step(tc.model_config(), tc, torch.device("cpu"))()
+    assert taken == [1, 3]

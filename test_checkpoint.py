@@ -37,32 +37,6 @@ def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(
         assert torch.equal(p, q), name
 
 
-def test_the_windows_a_run_had_not_read_come_back_where_they_fit_its_data_and_else_a_new_pass_starts(tmp_path):
-    tc = tiny_train_config(tmp_path)
-    first = gpt.Trainer(tc, TEXT, log=quiet)
-    next(first.steps())
-    first.save()
-    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
-    second = gpt.Trainer(replace(tc, out_dir=""), TEXT, log=quiet)
-    checkpoint.restore(second, ckpt)
-    assert list(second.unread) == list(first.unread) == [("train", tc.block_size // 2)]
-    assert all(torch.equal(second.unread[key], first.unread[key]) for key in first.unread)
-    last = len(second.splits["train"]) - 1 - tc.block_size // 2  # the last start of a whole window
-    key = ("train", tc.block_size // 2)
-    for forged in ({key: torch.tensor([last + 1])}, {key: torch.tensor([-1])}, {key: torch.tensor([1.0])},
-                   {key: torch.zeros(2, 2, dtype=torch.long)}, {key: [0, 1]}, {("test", 8): torch.tensor([0])},
-                   {"train": torch.tensor([0])}, {("train", "8"): torch.tensor([0])}, {("train", 0): torch.tensor([0])},
-                   "x", None):
-        ckpt["unread"] = forged
-        checkpoint.restore(second, ckpt)
-        assert second.unread == {}, forged
-        second.batch("train")  # a new pass
-    ckpt["unread"] = {key: torch.tensor([0, last])}
-    checkpoint.restore(second, ckpt)
-    x, _ = second.batch("train")
-    assert torch.equal(x[:2, 0], second.splits["train"][[0, last]])
-
-
 def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameters(tmp_path):
     tc = tiny_train_config(tmp_path)
     first = gpt.Trainer(tc, TEXT, log=quiet)

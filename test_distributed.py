@@ -170,14 +170,3 @@ def test_under_torchrun_a_fault_every_process_finds_before_they_join_is_said_onc
         said.append(capsys.readouterr().err)
         assert exit_info.value.code == status, said
     assert says in said[0] and said[0].count("\n") <= 1 and said[1] == "", said
-
-
-def test_after_a_resume_each_process_but_the_first_starts_passes_of_its_own(tmp_path):
-    tc = tiny_train_config(tmp_path, out_dir="")
-    trainers = [gpt.Trainer(tc, TEXT, log=quiet) for _ in range(2)]
-    for rank, trainer in enumerate(trainers):
-        trainer.batch("train")
-        distributed.reseed(trainer, rank)
-    # The first keeps the pass the checkpoint saved; another would read the same windows in step with it.
-    assert trainers[0].unread and trainers[1].unread == {}
-    assert not torch.equal(trainers[0].batch("train")[0], trainers[1].batch("train")[0])

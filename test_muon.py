@@ -90,21 +90,14 @@ def test_the_loop_gives_the_losses_it_gave_before_its_code_was_made_plain(monkey
     # windows throughout (short_context 0). The same model, step and losses, to float32's rounding on any CPU; a
     # changed rate, momentum or initialisation moves them by 1e-2 or more within these steps.
     monkeypatch.setattr(gpt, "matmul_dtype", lambda device: torch.float32)
-
-    def at_random_starts(trainer, split):  # the windows as that code drew them, one micro-batch a step
-        data, T = trainer.splits[split], trainer.tc.block_size
-        ix = torch.randint(len(data) - T, (trainer.tc.batch_size, 1), generator=trainer.generator)
-        xy = torch.as_tensor(data[ix + torch.arange(T + 1)]).long()
-        return xy[:, :-1], xy[:, 1:]
-    monkeypatch.setattr(gpt.Trainer, "batch", at_random_starts)
     with open(os.path.join(HERE, "fixtures", "losses.json"), encoding="utf-8") as f:
         known = json.load(f)
     with open(os.path.join(HERE, "input.txt"), encoding="utf-8") as f:
         text = f.read(known["text_chars"])
     for case in known["cases"]:
         tc = gpt.TrainConfig(block_size=32, batch_size=4, n_embd=64, max_iters=8, eval_interval=8, eval_iters=2,
-                             warmup_iters=3, short_context=0.0, grad_accum=1, out_dir="", device="cpu",
-                             optimizer=case["optimizer"], **case["switches"])
+                             warmup_iters=3, short_context=0.0, out_dir="", device="cpu", optimizer=case["optimizer"],
+                             **case["switches"])
         trainer = gpt.Trainer(tc, text, log=lambda line: None)
         losses = [trainer.loss.item() for _ in trainer.steps()]
         assert losses == pytest.approx(case["losses"], abs=1e-3), case["model"]

@@ -28,16 +28,15 @@ except KeyboardInterrupt:
 
 # A GPU trains a larger model in minutes: on CUDA these replace the CPU defaults of the options not
 # given. The optimizer stays AdamW there, the embedding at the others' rate, the decay at 0.1, no
-# bigram table, whole windows throughout, one micro-batch a step: Muon, the embedding's own rate, no
-# decay, the table, short windows first and two micro-batches won at equal time on 2 CPU cores
-# (docs/benchmarks.md), unmeasured on a GPU.
-CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, grad_accum=1, block_size=256, n_layer=6, n_head=6,
-                     n_embd=384, dropout=0.1, learning_rate=1e-3, embedding_lr=1e-3, min_lr=1e-4,
-                     eval_iters=100, weight_decay=0.1, bigram=0, optimizer="adamw", short_context=0.0)
+# bigram table and whole windows throughout: Muon, the embedding's own rate, no decay, the table and
+# short windows first won at equal time on 2 CPU cores (docs/benchmarks.md), unmeasured on a GPU.
+CUDA_DEFAULTS = dict(max_iters=5000, batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
+                     dropout=0.1, learning_rate=1e-3, embedding_lr=1e-3, min_lr=1e-4, eval_iters=100,
+                     weight_decay=0.1, bigram=0, optimizer="adamw", short_context=0.0)
 # Finetuning GPT-2 (--init_from) takes small, constant steps: a learning rate for training from
 # scratch would wreck what it knows in a few steps.
 INIT_FROM_DEFAULTS = dict(learning_rate=3e-5, min_lr=3e-5, warmup_iters=0, weight_decay=0.0,
-                          batch_size=4, grad_accum=1, max_iters=200, eval_interval=50, eval_iters=10,
+                          batch_size=4, max_iters=200, eval_interval=50, eval_iters=10,
                           optimizer="adamw", short_context=0.0)
 # What a user, a terminal or a scheduler sends to stop a run (SLURM's --signal sends SIGUSR1 or 2,
 # CPU-time limits SIGXCPU): each saves the step under way, then exits with 128 + the signal's
