@@ -815,7 +815,7 @@ def test_normuon_takes_muons_place_at_its_rates_and_trains():
     optimizers = bench.normuon(model, tc)
     plain = gpt.configure_optimizers(model, tc)
     assert type(optimizers[-1]) is bench.NorMuon and optimizers[-1].defaults["lr"] == tc.muon_lr
-    assert [p for p in optimizers[-1].param_groups[0]["params"]] == plain[-1].param_groups[0]["params"]
+    assert optimizers[-1].param_groups[0]["params"] == plain[-1].param_groups[0]["params"]
     idx = torch.randint(0, TINY["vocab_size"], (2, 8))
     losses = [gpt.train_step(model, optimizers, [(idx, idx)]).item() for _ in range(10)]
     assert losses[-1] < losses[0]
