@@ -927,7 +927,8 @@ class NorMuon(gpt.Muon):
 
     def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, beta2=0.95):
         super().__init__(params, lr, momentum, weight_decay)
-        self.beta2 = beta2
+        for group in self.param_groups:
+            group["beta2"] = beta2
 
     @torch.no_grad()
     def step(self):
@@ -939,6 +940,7 @@ class NorMuon(gpt.Muon):
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
+                if "row_squares" not in state:
                     state["row_squares"] = p.new_zeros(p.size(0), 1)
                 state["momentum_buffer"].lerp_(p.grad, 1 - group["momentum"])
                 by_shape.setdefault(p.shape, []).append((p, p.grad.lerp(state["momentum_buffer"], group["momentum"])))
@@ -946,7 +948,7 @@ class NorMuon(gpt.Muon):
                 updates = gpt.newton_schulz(torch.stack([u for _, u in pairs])).float()  # (n, rows, cols)
                 for (p, _), update in zip(pairs, updates):
                     squares = self.state[p]["row_squares"]
-                    squares.lerp_(update.square().mean(dim=1, keepdim=True), 1 - self.beta2)
+                    squares.lerp_(update.square().mean(dim=1, keepdim=True), 1 - group["beta2"])
                     normed = update / squares.sqrt().clamp(min=1e-10)
                     normed *= update.norm() / normed.norm().clamp(min=1e-10)
                     p.mul_(1 - group["lr"] * group["weight_decay"])
@@ -956,9 +958,9 @@ class NorMuon(gpt.Muon):
 def normuon(model, tc, device_type="cpu"):
     """gpt.configure_optimizers with NorMuon in place of gpt.Muon, at the same rates and momentum."""
     optimizers = CONFIGURE_OPTIMIZERS(model, tc, device_type)
-    if isinstance(optimizers[-1], gpt.Muon):
-        optimizers[-1] = NorMuon(optimizers[-1].param_groups[0]["params"], tc.muon_lr, tc.muon_momentum,
-                                 tc.weight_decay)
+    if not isinstance(optimizers[-1], gpt.Muon):
+        raise ValueError("NorMuon takes the place of Muon: it needs optimizer muon, not adamw")
+    optimizers[-1] = NorMuon(optimizers[-1].param_groups[0]["params"], tc.muon_lr, tc.muon_momentum, tc.weight_decay)
     return optimizers
 
 

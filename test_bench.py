@@ -794,31 +794,48 @@ def test_the_windows_of_gpt_py_s_own_schedule_draw_what_gpt_trainer_batch_draws(
 
 
 @pytest.mark.parametrize("rows, cols", [(24, 8), (8, 24)])
-def test_normuons_first_step_moves_every_row_alike_by_muons_whole_step(rows, cols):
+def test_normuon_moves_each_row_as_muon_does_evened_out_by_a_running_mean_of_its_squares(rows, cols):
     torch.manual_seed(0)
-    grad = torch.randn(rows, cols) * torch.linspace(0.1, 3, rows).view(-1, 1)  # rows of very different sizes
-    moved = {}
+    grads = [torch.randn(rows, cols) * torch.linspace(0.1, 3, rows).view(-1, 1) for _ in range(2)]  # uneven rows
+    moved, params, optimizers = {}, {}, {}
     for name, kind in (("muon", gpt.Muon), ("normuon", bench.NorMuon)):
-        p = torch.nn.Parameter(torch.zeros(rows, cols))
-        p.grad = grad.clone()
-        kind([p], lr=0.1).step()
-        moved[name] = -p.detach()
+        params[name] = torch.nn.Parameter(torch.zeros(rows, cols))
+        optimizers[name] = kind([params[name]], lr=0.1, momentum=0.9)
+        params[name].grad = grads[0].clone()
+        optimizers[name].step()
+        moved[name] = -params[name].detach().clone()
+    # The first step: each row as Muon's, pointing its way, all of one size, and the whole of Muon's size.
     row_norms = moved["normuon"].norm(dim=1)
-    # Muon's orthogonalised step leaves its rows uneven; NorMuon's first one evens them out.
     assert row_norms.max() / row_norms.min() < 1.01 < moved["muon"].norm(dim=1).max() / moved["muon"].norm(dim=1).min()
+    assert torch.nn.functional.cosine_similarity(moved["normuon"], moved["muon"], dim=1).min() > 0.999
     torch.testing.assert_close(moved["normuon"].norm(), moved["muon"].norm(), rtol=1e-3, atol=0)
+    # The second: the running mean weighs the new squares by 1 - beta2 = 0.05.
+    params["normuon"].grad = grads[1].clone()
+    optimizers["normuon"].step()
+    buffer = 0.1 * grads[0]
+    updates = [grads[0].lerp(buffer, 0.9)]
+    buffer = buffer.lerp(grads[1], 0.1)
+    updates.append(grads[1].lerp(buffer, 0.9))
+    squares = [gpt.newton_schulz(u[None]).float()[0].square().mean(dim=1, keepdim=True) for u in updates]
+    expected = 0.95 * (0.05 * squares[0]) + 0.05 * squares[1]
+    torch.testing.assert_close(optimizers["normuon"].state[params["normuon"]]["row_squares"], expected)
 
 
-def test_normuon_takes_muons_place_at_its_rates_and_trains():
+def test_normuon_takes_muons_place_with_its_rate_momentum_and_decay_and_steps_the_blocks():
+    torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(**TINY))
-    tc = gpt.TrainConfig(**TINY)
+    tc = gpt.TrainConfig(**TINY, muon_momentum=0.9, weight_decay=0.1)
     optimizers = bench.normuon(model, tc)
     plain = gpt.configure_optimizers(model, tc)
-    assert type(optimizers[-1]) is bench.NorMuon and optimizers[-1].defaults["lr"] == tc.muon_lr
-    assert optimizers[-1].param_groups[0]["params"] == plain[-1].param_groups[0]["params"]
+    group = optimizers[-1].param_groups[0]
+    assert type(optimizers[-1]) is bench.NorMuon and group["params"] == plain[-1].param_groups[0]["params"]
+    assert (group["lr"], group["momentum"], group["weight_decay"]) == (tc.muon_lr, 0.9, 0.1)
+    before = [p.detach().clone() for p in group["params"]]
     idx = torch.randint(0, TINY["vocab_size"], (2, 8))
-    losses = [gpt.train_step(model, optimizers, [(idx, idx)]).item() for _ in range(10)]
-    assert losses[-1] < losses[0]
+    gpt.train_step(model, optimizers, [(idx, idx)])
+    assert all(not torch.equal(p, q) for p, q in zip(group["params"], before))
+    with pytest.raises(ValueError, match="needs optimizer muon"):
+        bench.normuon(model, gpt.TrainConfig(**TINY, optimizer="adamw"))
 
 
 def test_our_step_takes_as_many_micro_batches_as_its_config_a_step(monkeypatch):
