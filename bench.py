@@ -504,6 +504,7 @@ class Setting:
     compile: bool = False  # the step through torch.compile, its compiling on the run's clock
     matmul_dtype: torch.dtype = None  # Muon's products in this dtype, in place of gpt.matmul_dtype's choice
     ns_steps: int = None  # Newton-Schulz iterations a Muon step, in place of gpt.newton_schulz's
+    newton_schulz: object = None  # (G) -> G nearly orthogonal, in place of gpt.newton_schulz
     optimizers: object = None  # (model, tc, device_type) -> optimizers, in place of gpt.configure_optimizers
     autocast: object = None  # (device) -> the autocast the steps and evaluations run under, in place of gpt.autocast
     windows: object = None  # (tc, share of the run done) -> a step's (rows, context), in place of short_context's
@@ -523,6 +524,8 @@ def patched(setting, device="cpu"):
         if setting.ns_steps:
             fewer = functools.partial(gpt.newton_schulz, steps=setting.ns_steps)
             stack.enter_context(unittest.mock.patch.object(gpt, "newton_schulz", fewer))
+        if setting.newton_schulz:
+            stack.enter_context(unittest.mock.patch.object(gpt, "newton_schulz", setting.newton_schulz))
         if setting.optimizers:
             stack.enter_context(unittest.mock.patch.object(gpt, "configure_optimizers", setting.optimizers))
         if setting.matmul_dtype:
@@ -955,6 +958,42 @@ class NorMuon(gpt.Muon):
                     p.add_(normed, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
 
+# The Polar Express's (a, b, c) for each of five iterations, a polynomial of its own each, fitted so that every
+# singular value ends near 1 (Amsel, Persson, Musco and Gower, 2025, arXiv:2505.16932; with its 2% safety margin).
+POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+
+
+def polar_express(G):
+    """gpt.newton_schulz with the Polar Express's coefficients, one (a, b, c) an iteration: each singular value s
+    becomes a s + b s^3 + c s^5; the matrix first scaled to a norm 2% over 1, the margin its coefficients assume."""
+    X = G.to(gpt.matmul_dtype(G.device))
+    tall = G.size(-2) > G.size(-1)
+    X = X.mT if tall else X
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02).clamp(min=1e-7)
+    for a, b, c in POLAR_EXPRESS:
+        A = X @ X.mT
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        X = torch.baddbmm(X, B, X, beta=a)
+    return X.mT if tall else X
+
+
+def half_rope(config):
+    """gpt.GPT with rotary turns on half of each head's channel pairs, at rates from 1 to 1/1024 a position, and the
+    other half left unturned: channels that match by content at any distance, as modded-nanogpt's records have it."""
+    model = gpt.GPT(config)
+    hs = config.n_embd // config.n_head
+    rates = 1024.0 ** -torch.linspace(0, 1, hs // 4, dtype=torch.float64)
+    rates = torch.cat([rates, torch.zeros(hs // 2 - hs // 4, dtype=torch.float64)])
+    angles = torch.outer(torch.arange(config.block_size).double(), rates).repeat(1, 2)  # (block_size, hs)
+    model.cos.copy_(angles.cos())
+    model.sin.copy_(angles.sin())
+    return model
+
+
 def normuon(model, tc, device_type="cpu"):
     """gpt.configure_optimizers with NorMuon in place of gpt.Muon, at the same rates and momentum."""
     optimizers = CONFIGURE_OPTIMIZERS(model, tc, device_type)
@@ -1038,6 +1077,8 @@ CANDIDATES = {
     "batch 2, four micro-batches a step, windows without replacement": Setting(changes=dict(batch_size=2, grad_accum=4),
                                                                              batch=epochs_batch),
     "windows without replacement, NorMuon": Setting(batch=epochs_batch, optimizers=normuon),
+    "Polar Express": Setting(newton_schulz=polar_express),
+    "half the rotary pairs unturned": Setting(model=half_rope),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.85)),

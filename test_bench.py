@@ -845,3 +845,33 @@ def test_our_step_takes_as_many_micro_batches_as_its_config_a_step(monkeypatch):
         tc = gpt.TrainConfig(**TINY, grad_accum=micro_batches)
         bench.our_step(tc.model_config(), tc, torch.device("cpu"))()
     assert taken == [1, 3]
+
+
+def test_polar_express_keeps_each_matrixs_singular_vectors_and_ends_its_singular_values_nearer_one(monkeypatch):
+    monkeypatch.setattr(gpt, "matmul_dtype", lambda device: torch.float32)  # every CPU alike
+    G = torch.randn(2, 16, 48, generator=torch.Generator().manual_seed(0))
+    for M in (G, G.mT):  # wide and tall
+        U, _, Vh = torch.linalg.svd(M.double(), full_matrices=False)
+        express, plain = bench.polar_express(M), gpt.newton_schulz(M)
+        assert express.shape == M.shape and express.dtype == torch.float32
+        s, s_plain = torch.linalg.svdvals(express.double()), torch.linalg.svdvals(plain.double())
+        assert 0.8 < s.min() and s.max() < 1.2
+        assert s_plain.min() < s.min()  # torch.optim.Muon's coefficients leave the smallest further below 1
+        # The same directions: U^T X V is diagonal.
+        inner = U.mT @ express.double() @ Vh.mT
+        off = inner - torch.diag_embed(torch.diagonal(inner, dim1=-2, dim2=-1))
+        assert off.abs().max() < 1e-3
+    with bench.patched(bench.CANDIDATES["Polar Express"]):
+        assert gpt.newton_schulz is bench.polar_express
+    assert gpt.newton_schulz is not bench.polar_express
+
+
+def test_half_the_rotary_pairs_unturned_turns_the_first_quarter_of_channels_and_leaves_the_rest():
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=32)  # head size 16: 8 pairs
+    model = bench.half_rope(config)
+    angles = torch.atan2(model.sin, model.cos)  # (block_size, head size), each pair's angle twice
+    torch.testing.assert_close(angles[:, :8], angles[:, 8:])
+    torch.testing.assert_close(angles[:, :4][1], 1024.0 ** -torch.linspace(0, 1, 4))  # position 1: the rates
+    assert (model.cos[:, 4:8] == 1).all() and (model.sin[:, 4:8] == 0).all()
+    # The rates' ends: a turn of 1 a position and of 1/1024.
+    torch.testing.assert_close(angles[3, [0, 3]], torch.tensor([3.0, 3 / 1024]))
