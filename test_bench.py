@@ -875,3 +875,25 @@ def test_half_the_rotary_pairs_unturned_turns_the_first_quarter_of_channels_and_
     assert (model.cos[:, 4:8] == 1).all() and (model.sin[:, 4:8] == 0).all()
     # The rates' ends: a turn of 1 a position and of 1/1024.
     torch.testing.assert_close(angles[3, [0, 3]], torch.tensor([3.0, 3 / 1024]))
+
+
+def test_muon_at_0_0086_gives_the_polar_express_updates_the_size_of_the_defaults(monkeypatch):
+    monkeypatch.setattr(gpt, "matmul_dtype", lambda device: torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    squares = {"default": 0.0, "Polar Express": 0.0}
+    for shape in [(4, 128, 128), (2, 384, 128), (1, 128, 384)]:  # the default model's matrices, by shape
+        G = torch.randn(*shape, generator=generator)
+        squares["default"] += gpt.newton_schulz(G).square().sum()
+        squares["Polar Express"] += bench.polar_express(G).square().sum()
+    rate = 0.01 * (squares["default"] / squares["Polar Express"]).sqrt()
+    assert rate == pytest.approx(0.0086, abs=0.0002)
+    setting = bench.CANDIDATES["Polar Express, Muon at 0.0086"]
+    assert (setting.changes, setting.newton_schulz) == ({"muon_lr": 0.0086}, bench.polar_express)
+
+
+def test_adamw_beta1_sets_every_adamw_groups_momentum_and_leaves_muon():
+    tc = gpt.TrainConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=13)
+    model = gpt.GPT(tc.model_config())
+    adamw, muon = bench.CANDIDATES["AdamW's beta1 0.8"].optimizers(model, tc)
+    assert len(adamw.param_groups) > 1 and all(g["betas"] == (0.8, tc.beta2) for g in adamw.param_groups)
+    assert isinstance(muon, gpt.Muon) and all("betas" not in g for g in muon.param_groups)
