@@ -757,6 +757,29 @@ def gated_forward(attn, x, rope=None, cache=None):
     return torch.nn.functional.dropout(y, attn.dropout, attn.training)
 
 
+def value_residual(config):
+    """Each block after the first mixes the first block's values into its own, v = a v + b v_first, a and b learned
+    a block from 1/2 each: every layer keeps a path to the tokens' own content (value residual learning, Zhou et al.
+    2024, in modded-nanogpt's records). Two numbers a block, with AdamW's other vectors."""
+    model = gpt.GPT(config)
+    first = {}  # the first block's values of the forward under way
+    for block in model.h:
+        if block.attn.layer_idx:
+            block.attn.value_mix = torch.nn.Parameter(torch.full((2,), 0.5))
+        block.attn.heads = functools.partial(mixed_heads, block.attn, first)
+    return model
+
+
+def mixed_heads(attn, first, x, rope=None):
+    """gpt.CausalSelfAttention.heads, the values mixed with the first block's (kept in first by that block)."""
+    q, k, v = gpt.CausalSelfAttention.heads(attn, x, rope)
+    if attn.layer_idx == 0:
+        first["v"] = v
+        return q, k, v
+    a, b = attn.value_mix
+    return q, k, a * v + b * first["v"]
+
+
 def epochs_batch(trainer, split):
     """gpt.Trainer.batch drawing its windows without replacement: the split cut into windows of the step's
     context from a random offset, shuffled, each read once before any is read again (the last of a pass, fewer
@@ -1093,6 +1116,7 @@ CANDIDATES = {
     # default model's shapes their norm is 1/0.86 of the default's (test_bench.py).
     "Polar Express, Muon at 0.0086": Setting(changes=dict(muon_lr=0.0086), newton_schulz=polar_express),
     "AdamW's beta1 0.8": Setting(optimizers=adamw_beta1(0.8)),
+    "value residual": Setting(model=value_residual),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.85)),

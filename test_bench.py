@@ -897,3 +897,29 @@ def test_adamw_beta1_sets_every_adamw_groups_momentum_and_leaves_muon():
     adamw, muon = bench.CANDIDATES["AdamW's beta1 0.8"].optimizers(model, tc)
     assert len(adamw.param_groups) > 1 and all(g["betas"] == (0.8, tc.beta2) for g in adamw.param_groups)
     assert isinstance(muon, gpt.Muon) and all("betas" not in g for g in muon.param_groups)
+
+
+def test_value_residual_mixes_the_first_blocks_values_into_the_others_and_samples_through_the_cache():
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=3, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    mixed = bench.value_residual(config)
+    plain = gpt.GPT(config)
+    plain.load_state_dict({k: v for k, v in mixed.state_dict().items() if "value_mix" not in k})
+    idx = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(1))
+    assert not torch.allclose(mixed(idx)[0], plain(idx)[0])  # from (1/2, 1/2): mixed
+    with torch.no_grad():
+        for block in mixed.h[1:]:
+            block.attn.value_mix.copy_(torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(mixed(idx)[0], plain(idx)[0])  # (1, 0): the default model
+    with torch.no_grad():
+        for block in mixed.h[1:]:
+            block.attn.value_mix.copy_(torch.tensor([0.3, 0.9]))
+    _, loss = mixed(idx, idx)
+    loss.backward()
+    assert all(block.attn.value_mix.grad.abs().min() > 0 for block in mixed.h[1:])
+    # Sampled through the KV cache, the mixed model gives what a full forward per token gives.
+    cached = mixed.generate(idx[:1, :3], 8, temperature=0.0)
+    full = idx[:1, :3]
+    for _ in range(8):
+        full = torch.cat([full, mixed(full)[0][:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(cached, full)
