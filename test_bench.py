@@ -739,12 +739,27 @@ def test_a_candidate_of_other_options_trains_with_them(monkeypatch, name):
     assert {key: getattr(seen[0], key) for key in changes} == changes
 
 
-def test_gated_attention_with_its_gate_at_zero_is_the_default_model_with_half_of_each_heads_output():
-    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
+def beside_the_default(build, own, n_layer):
+    """A small model of a candidate's build, and the default model with its weights but those named with own."""
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=n_layer, n_head=2, n_embd=16)
     torch.manual_seed(0)
-    gated = bench.gated_attention(config)
+    model = build(config)
     plain = gpt.GPT(config)
-    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if "head_gate" not in k})
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if own not in k})
+    return model, plain
+
+
+def assert_cache_samples_as_full_forwards(model, start, tokens=8):
+    """Greedy sampling through the KV cache gives the tokens a full forward of all so far picks, one at a time."""
+    cached = model.generate(start, tokens, temperature=0.0)
+    full = start
+    for _ in range(tokens):
+        full = torch.cat([full, model(full)[0][:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(cached, full)
+
+
+def test_gated_attention_with_its_gate_at_zero_is_the_default_model_with_half_of_each_heads_output():
+    gated, plain = beside_the_default(bench.gated_attention, "head_gate", n_layer=2)
     for block, plain_block in zip(gated.h, plain.h):
         torch.nn.init.zeros_(block.attn.head_gate.weight)  # sigmoid(0) = 1/2 on every channel
         plain_block.attn.c_proj.weight.data /= 2
@@ -754,11 +769,7 @@ def test_gated_attention_with_its_gate_at_zero_is_the_default_model_with_half_of
     torch.manual_seed(1)
     for block in gated.h:
         torch.nn.init.normal_(block.attn.head_gate.weight)
-    cached = gated.generate(idx[:1, :3], 8, temperature=0.0)
-    full = idx[:1, :3]
-    for _ in range(8):
-        full = torch.cat([full, gated(full)[0][:, -1:].argmax(-1)], dim=1)
-    assert torch.equal(cached, full)
+    assert_cache_samples_as_full_forwards(gated, idx[:1, :3])
 
 
 def test_windows_without_replacement_read_every_window_of_an_epoch_once_before_any_again(tmp_path):
@@ -900,11 +911,7 @@ def test_adamw_beta1_sets_every_adamw_groups_momentum_and_leaves_muon():
 
 
 def test_value_residual_mixes_the_first_blocks_values_into_the_others_and_samples_through_the_cache():
-    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=3, n_head=2, n_embd=16)
-    torch.manual_seed(0)
-    mixed = bench.value_residual(config)
-    plain = gpt.GPT(config)
-    plain.load_state_dict({k: v for k, v in mixed.state_dict().items() if "value_mix" not in k})
+    mixed, plain = beside_the_default(bench.value_residual, "value_mix", n_layer=3)
     idx = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(1))
     assert not torch.allclose(mixed(idx)[0], plain(idx)[0])  # from (1/2, 1/2): mixed
     with torch.no_grad():
@@ -918,8 +925,4 @@ def test_value_residual_mixes_the_first_blocks_values_into_the_others_and_sample
     loss.backward()
     assert all(block.attn.value_mix.grad.abs().min() > 0 for block in mixed.h[1:])
     # Sampled through the KV cache, the mixed model gives what a full forward per token gives.
-    cached = mixed.generate(idx[:1, :3], 8, temperature=0.0)
-    full = idx[:1, :3]
-    for _ in range(8):
-        full = torch.cat([full, mixed(full)[0][:, -1:].argmax(-1)], dim=1)
-    assert torch.equal(cached, full)
+    assert_cache_samples_as_full_forwards(mixed, idx[:1, :3])
