@@ -468,7 +468,7 @@ class TrainConfig(GPTConfig):
     eval_interval: int = option(500, min=1, max=MANY, help="Evaluate and save every this many.")
     eval_iters: int = option(50, min=1, max=MANY, help="Batches per split in an evaluation.")
     batch_size: int = option(4, min=1, max=MANY, help="Sequences per micro-batch.")
-    grad_accum: int = option(1, min=1, max=MANY, help="Micro-batches per optimizer step.")
+    grad_accum: int = option(1, min=1, max=2 ** 16, help="Micro-batches per optimizer step.")
     short_context: float = option(0.6, min=0, max=1, help="Share of the run at half the context.")
     learning_rate: float = option(3e-3, min=1e-9, max=1, help="Peak learning rate (AdamW's).")
     embedding_lr: float = option(0.03, min=1e-9, max=1, help="The untied embedding's peak rate.")

@@ -224,7 +224,9 @@ def test_every_option_of_the_wrong_type_or_outside_its_range_is_refused_by_name(
     (dict(bias="no"), "bias must be of type bool, not 'no'$"),  # today: a non-empty string, so biases
     (dict(n_layer=True), "n_layer must be of type int, not True$"),  # today: one layer
     (dict(n_head=4.0), "n_head must be of type int, not 4.0$"),
-    (dict(grad_accum=0), r"grad_accum must be in \[1, 1000000000\], not 0$"),  # today: a loss of 0.0 and never a step
+    (dict(grad_accum=0), r"grad_accum must be in \[1, 65536\], not 0$"),  # today: a loss of 0.0 and never a step
+    # A step's micro-batches are drawn before it: a billion held ids past any memory, and a stop never came.
+    (dict(grad_accum=10 ** 9), r"grad_accum must be in \[1, 65536\], not 1000000000$"),
     (dict(eval_interval=0), r"eval_interval must be in \[1, 1000000000\], not 0$"),  # today: a ZeroDivisionError
     (dict(eval_iters=0), r"eval_iters must be in \[1, 1000000000\], not 0$"),  # today: a ZeroDivisionError
     (dict(max_iters=0), r"max_iters must be in \[1, 1000000000\], not 0$"),  # today: no step, no evaluation
@@ -266,7 +268,7 @@ def test_a_config_cannot_change_after_it_was_checked(tmp_path):
     tc = tiny_train_config(tmp_path, out_dir="")
     with pytest.raises(dataclasses.FrozenInstanceError):
         tc.grad_accum = 0
-    with pytest.raises(ValueError, match=r"^grad_accum must be in \[1, 1000000000\], not 0$"):
+    with pytest.raises(ValueError, match=r"^grad_accum must be in \[1, 65536\], not 0$"):
         dataclasses.replace(tc, grad_accum=0)
 
 
