@@ -739,7 +739,7 @@ def test_a_candidate_of_other_options_trains_with_them(monkeypatch, name):
     assert {key: getattr(seen[0], key) for key in changes} == changes
 
 
-def beside_the_default(build, own, n_layer):
+def with_the_defaults_weights(build, own, n_layer):
     """A small model of a candidate's build, and the default model with its weights but those named with own."""
     config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=n_layer, n_head=2, n_embd=16)
     torch.manual_seed(0)
@@ -759,7 +759,7 @@ def assert_cache_samples_as_full_forwards(model, start, tokens=8):
 
 
 def test_gated_attention_with_its_gate_at_zero_is_the_default_model_with_half_of_each_heads_output():
-    gated, plain = beside_the_default(bench.gated_attention, "head_gate", n_layer=2)
+    gated, plain = with_the_defaults_weights(bench.gated_attention, "head_gate", n_layer=2)
     for block, plain_block in zip(gated.h, plain.h):
         torch.nn.init.zeros_(block.attn.head_gate.weight)  # sigmoid(0) = 1/2 on every channel
         plain_block.attn.c_proj.weight.data /= 2
@@ -911,7 +911,7 @@ def test_adamw_beta1_sets_every_adamw_groups_momentum_and_leaves_muon():
 
 
 def test_value_residual_mixes_the_first_blocks_values_into_the_others_and_samples_through_the_cache():
-    mixed, plain = beside_the_default(bench.value_residual, "value_mix", n_layer=3)
+    mixed, plain = with_the_defaults_weights(bench.value_residual, "value_mix", n_layer=3)
     idx = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(1))
     assert not torch.allclose(mixed(idx)[0], plain(idx)[0])  # from (1/2, 1/2): mixed
     with torch.no_grad():
