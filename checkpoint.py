@@ -41,6 +41,9 @@ def load(path, device):
         # that a checkpoint of the layout before each map had a weight of its own is brought to
         # today's before gpt.load_checkpoint builds its model on device.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        # A tensor or a list, indexed by name below, would warn in lines before it failed.
+        if not isinstance(ckpt, dict):
+            raise TypeError(f"it holds a {type(ckpt).__name__}, not a dict")
         # A checkpoint from before the bigram table has none.
         ckpt["config"] = {"bigram": 0, **ckpt["config"]}
         split = split_maps(ckpt["model"], ckpt["config"])
@@ -466,6 +469,12 @@ def check_out_dir(out_dir):
             if os.path.isdir(name):
                 raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
                                  f"--out_dir a writable folder")
+        # The lock is read and cut back to its holder's line: a pipe, a device or a link to
+        # nothing there would hang the run or fail in words of its own.
+        lock = os.path.join(out_dir, "train.lock")
+        if os.path.lexists(lock) and not os.path.isfile(lock):
+            raise ValueError(f"cannot lock {out_dir} ({lock} is there, and not a file): remove it, or "
+                             f"pass --out_dir a writable folder")
     except OSError as e:
         # makedirs says only "File exists" of a file, a loop of links or a link to nothing where
         # the folder should be.
@@ -522,7 +531,12 @@ def own_out_dir(out_dir):
     # Windows has no fcntl: runs there are not kept apart.
     except ImportError:
         return None
-    lock = open(os.path.join(out_dir, "train.lock"), "a+")
+    path = os.path.join(out_dir, "train.lock")
+    try:
+        lock = open(path, "a+")
+    # A folder there, but one this process may not write in.
+    except OSError as e:
+        raise ValueError(f"cannot write {path} ({e.strerror}): pass --out_dir a writable folder") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

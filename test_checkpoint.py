@@ -292,3 +292,14 @@ def test_a_damaged_record_of_the_data_is_refused_by_resume_and_by_the_report(tmp
     message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
                              "--data", str(tmp_path / "data.txt"))
     assert message.endswith("it is damaged or hand-made; it can still sample, without --report"), message
+
+
+@pytest.mark.parametrize("held", [torch.zeros(3), [1, 2]], ids=["a tensor", "a list"])
+def test_a_checkpoint_of_something_else_than_a_dict_is_one_line_without_torchs_warnings(tmp_path, held):
+    (tmp_path / "out").mkdir()
+    torch.save(held, tmp_path / "out" / "ckpt.pt")
+    done = run_cli("sample.py", "--out_dir", str(tmp_path / "out"))
+    kind = type(held).__name__
+    assert done.returncode == 1 and done.stderr == (
+        f"error: {tmp_path / 'out' / 'ckpt.pt'} is not a checkpoint this gpt.py can load (TypeError: it holds a "
+        f"{kind}, not a dict); train a new one with python train.py\n"), done.stderr

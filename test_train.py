@@ -492,6 +492,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--out_dir", "DATA"], "data.txt is there, and not a folder): pass --out_dir a writable folder"),
     (["--out_dir", "FOLDER"], "pass --out_dir a writable folder"),  # FOLDER/ckpt.pt is a folder
     (["--out_dir", "/sys/nope"], "cannot write /sys/nope/ckpt.pt ("),  # a read-only file system: its real cause
+    (["--out_dir", "/sys/kernel"], "cannot write /sys/kernel/train.lock ("),  # a folder this process cannot write in
     (["--out_dir", "LOOP"], "LOOP is a loop of symbolic links): pass --out_dir a writable folder"),
     (["--out_dir", "NOWHERE"], "NOWHERE is a link to "),
     (["--max_time", "3"], "--max_time trains for seconds, --max_iters for steps: give one of them"),  # beside 2
@@ -649,6 +650,19 @@ def test_a_folder_where_the_run_writes_a_file_is_refused_before_training(tmp_pat
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
     assert f"({tmp_path / 'out' / name} is a folder): remove it, or pass --out_dir a writable folder" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists() and "iter 1" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["a pipe", "a link to nothing"])
+def test_a_lock_that_is_not_a_file_is_refused_before_training(tmp_path, capsys, kind):
+    lock = tmp_path / "out" / "train.lock"
+    lock.parent.mkdir()
+    if kind == "a pipe":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(tmp_path / "nowhere")
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path))
+    assert f"({lock} is there, and not a file): remove it, or pass --out_dir a writable folder" in message
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
 
 
 def test_a_path_with_a_newline_keeps_the_reason_and_the_advice(tmp_path, capsys):
