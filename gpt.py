@@ -566,9 +566,9 @@ MAX_EVAL_TOKENS = 2_000_000
 
 @torch.no_grad()
 def split_loss(model, data, batch_size):
-    """The mean loss of model (in eval mode) over data cut into back-to-back windows of block_size,
-    batch_size windows a forward: every id but the first predicted once, the same every time."""
-    T = model.config.block_size
+    """The mean loss of model (in eval mode) over data in back-to-back windows of block_size (or
+    of all data), batch_size a forward: every id but the first predicted once, each time alike."""
+    T = min(model.config.block_size, len(data) - 1)
     total = 0.0
     for i in range(0, len(data) - 1, batch_size * T):
         # Read by index, as batch() reads: a copy of these ids (a memmap's slice is read-only).

@@ -655,6 +655,19 @@ def test_the_whole_split_loss_predicts_every_id_after_the_first_once(length, tmp
     assert loss == pytest.approx(total / (length - 1), rel=1e-5)
 
 
+def test_a_context_longer_than_the_data_reads_it_in_one_window_of_its_length():
+    # A checkpoint's context of 2 ** 20 padded 100 held-out ids to a million and attended over them for minutes.
+    model = tiny_model().eval()
+    ids = torch.randint(0, model.config.vocab_size, (6,), generator=torch.Generator().manual_seed(0))
+    shapes = []
+    model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
+    loss = gpt.split_loss(model, ids, 4)
+    assert shapes == [(1, 5)]
+    with torch.no_grad():
+        expected = F.cross_entropy(model(ids[None, :-1])[0][0], ids[1:]).item()
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
 def test_evaluations_read_the_same_windows_each_time_and_the_last_reads_every_held_out_token(tmp_path):
     tc = tiny_train_config(tmp_path, out_dir="", max_iters=6, eval_interval=3, eval_iters=2)
     trainer = gpt.Trainer(tc, TEXT, log=quiet)
