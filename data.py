@@ -217,6 +217,9 @@ def read_data(data, tokenizer=None, advice=RESUME_ADVICE):
 def implied_vocab_size(ids):
     """The vocabulary token ids imply, their largest + 1, refused in one line beyond MAX_VOCAB."""
     largest = int(ids.max())
+    if largest < 0:
+        raise ValueError(f"every token id is negative (the largest is {largest:,}), and ids count from 0: "
+                         f"check --dtype, or the file")
     if largest >= MAX_VOCAB:
         raise ValueError(f"the largest token id, {largest:,}, implies a vocabulary of {largest + 1:,}, "
                          f"beyond the {MAX_VOCAB:,} a run may build: check --dtype, or the file")

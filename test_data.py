@@ -81,6 +81,8 @@ def test_token_ids_in_a_bin_file_train_from_the_command_line_and_sample_py_says_
     (np.array([0, -1, 3] * 400, dtype=np.int32), 13, "these go from -1 to 3"),
     (np.array([0, 2 ** 62], dtype=np.int64), None, "the largest token id, 4,611,686,018,427,387,904, implies a"),
     (np.array([0, 2 ** 32 - 1], dtype=np.uint32), None, "implies a vocabulary of 4,294,967,296, beyond the 1,048,576"),
+    # Their largest + 1 was the vocabulary: "vocab_size must be in [1, 1048576], not -4".
+    (np.full(1200, -5, dtype=np.int32), None, r"every token id is negative \(the largest is -5\), and ids count from 0"),
 ])
 def test_ids_outside_the_vocabulary_or_too_large_for_any_are_refused_in_one_line(ids, vocab_size, match):
     with pytest.raises(ValueError, match=match):
@@ -92,6 +94,7 @@ def test_ids_outside_the_vocabulary_or_too_large_for_any_are_refused_in_one_line
                                                      "vocabulary of 4,611,686,018,427,387,905, beyond the 1,048,576"),
     (["--data", "MAX_U32.bin", "--dtype", "uint32"], "implies a vocabulary of 4,294,967,296, beyond the 1,048,576"),
     (["--data", "NEGATIVE.bin", "--dtype", "int32", "--vocab_size", "10"], "these go from -1 to 5"),
+    (["--data", "ALL_NEGATIVE.bin", "--dtype", "int32"], "every token id is negative (the largest is -5)"),
     (["--data", "IDS.bin", "--vocab_size", str(10 ** 12)],
      "argument --vocab_size: vocab_size must be in [1, 1048576], not 1000000000000"),
 ])
@@ -99,6 +102,7 @@ def test_token_ids_that_would_build_a_vocabulary_beyond_any_run_are_one_line(tmp
     np.array([0, 5, 2 ** 62] * 1000, dtype=np.int64).tofile(tmp_path / "HUGE_ID.bin")
     np.array([0, 5, 2 ** 32 - 1] * 1000, dtype=np.uint32).tofile(tmp_path / "MAX_U32.bin")
     np.array([0, 5, -1] * 1000, dtype=np.int32).tofile(tmp_path / "NEGATIVE.bin")
+    np.full(3000, -5, dtype=np.int32).tofile(tmp_path / "ALL_NEGATIVE.bin")
     np.arange(3000, dtype=np.uint16).tofile(tmp_path / "IDS.bin")
     flags = [str(tmp_path / f) if f.endswith(".bin") else f for f in flags]
     message = one_line_error(capsys, train, *tiny_flags(tmp_path), *flags)
