@@ -55,9 +55,17 @@ def load(path, device):
         if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
             raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of "
                              f"{model.config.vocab_size}")
+    # A file this process may not read is no fault of the checkpoint's.
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror}): give this process read access to "
+                         f"it") from None
     except Exception as e:
-        # torch's own messages go on for lines, and advise weights_only=False, no help here.
-        first = re.split(r"(?<=\.)\s|\n", str(e).strip())[0]
+        # torch's own messages go on for lines, and advise weights_only=False, no help here; a
+        # state_dict's says on its second line which weight does not fit.
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        first = re.split(r"(?<=\.)\s", lines[0])[0] if lines else ""
+        if first.endswith(":") and len(lines) > 1:
+            first = f"{first} {lines[1][:200]}"
         raise ValueError(f"{path} is not a checkpoint this gpt.py can load ({type(e).__name__}"
                          f"{': ' + first if first else ''}); train a new one with python train.py") from None
     if not all(w.isfinite().all() for w in ckpt["model"].values()):

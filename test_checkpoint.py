@@ -1,5 +1,6 @@
 """Tests of loading, checking and restoring a saved run."""
 import os
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -303,3 +304,14 @@ def test_a_checkpoint_of_something_else_than_a_dict_is_one_line_without_torchs_w
     assert done.returncode == 1 and done.stderr == (
         f"error: {tmp_path / 'out' / 'ckpt.pt'} is not a checkpoint this gpt.py can load (TypeError: it holds a "
         f"{kind}, not a dict); train a new one with python train.py\n"), done.stderr
+
+
+def test_a_checkpoint_this_process_may_not_read_is_said_so_not_called_corrupt(trained_dir, monkeypatch):
+    def refused(*args, **kwargs):  # as torch.load meets a file of mode 000 (root reads any file, so it is faked)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(torch, "load", refused)
+    path = os.path.join(trained_dir, "ckpt.pt")
+    with pytest.raises(ValueError, match=rf"^cannot read {re.escape(path)} \(Permission denied\): give this process "
+                                         r"read access to it$"):
+        checkpoint.load(path, "cpu")

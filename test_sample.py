@@ -62,7 +62,8 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--out_dir", "CKPT_FOLDER"], "no checkpoint file at"),  # ckpt.pt is a folder
     # torch's message cut to its first sentence: the rest suggests weights_only=False, no help for a file of junk
     (["--out_dir", "CORRUPT"], "can load (UnpicklingError: Weights only load failed.); train a new one"),
-    (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError"),
+    (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError: Error(s) in loading "
+                              "state_dict for GPT: size mismatch for wte.weight: copying a param with shape"),
     (["--out_dir", "TRUNCATED"], "is not a checkpoint this gpt.py can load ("),
     (["--out_dir", "EMPTY_CKPT"], "can load (EOFError); train a new one"),
     (["--out_dir", "FEW_CHARS"], "(ValueError: 5 characters for a vocab_size of"),
