@@ -233,7 +233,7 @@ def check_ids(ids, vocab_size):
     high = int(ids.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(f"token ids must be in [0, {vocab_size}), the vocabulary; these go from {low:,} "
-                         f"to {high:,}: give --vocab_size above the largest, or the right --dtype")
+                         f"to {high:,}: check --dtype, or train a new run with --vocab_size above the largest")
 
 
 def is_ids(data):

@@ -76,8 +76,9 @@ def test_token_ids_in_a_bin_file_train_from_the_command_line_and_sample_py_says_
 
 
 @pytest.mark.parametrize("ids, vocab_size, match", [
+    # The advice fits every command that reads ids: sample.py --report has no --vocab_size to give.
     (np.array([0, 5, 13] * 400, dtype=np.uint8), 13, r"token ids must be in \[0, 13\), the vocabulary; these go from 0 "
-                                                      r"to 13:"),
+                                                      r"to 13: check --dtype, or train a new run with --vocab_size"),
     (np.array([0, -1, 3] * 400, dtype=np.int32), 13, "these go from -1 to 3"),
     (np.array([0, 2 ** 62], dtype=np.int64), None, "the largest token id, 4,611,686,018,427,387,904, implies a"),
     (np.array([0, 2 ** 32 - 1], dtype=np.uint32), None, "implies a vocabulary of 4,294,967,296, beyond the 1,048,576"),
