@@ -1300,9 +1300,9 @@ NOT_SET = ("out_dir", "device", "max_time", "max_iters", "eval_interval", "eval_
 def train_option(text):
     """An argparse type: OPTION=VALUE, an option of TrainConfig and a value its train.py flag takes, held to the same
     rules (cli.option_rule)."""
-    name, _, value = text.partition("=")
+    name, equals, value = text.partition("=")
     names = [name for name in cli.FIELDS if name not in NOT_SET]
-    if name not in names:
+    if name not in names or not equals:
         raise argparse.ArgumentTypeError(f"{text!r}: --set takes OPTION=VALUE, OPTION one of {', '.join(names)}")
     return name, cli.parse_option(name, value)
 

@@ -418,6 +418,7 @@ def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, 
     (["--variants"], "--variants takes SECONDS, or with --steps N none"),
     (["--steps", "10"], "--steps goes with --optimizers, --variants, --candidates or --copier"),
     (["--copier", "--steps", "0"], "must be at least 1, got 0"),
+    (["--candidates", "1", "--set", "seed"], "'seed': --set takes OPTION=VALUE"),  # not "seed must be int, got "
 ])
 def test_the_harness_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):
     with pytest.raises(SystemExit) as exit_info:
