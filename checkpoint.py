@@ -477,11 +477,12 @@ def check_out_dir(out_dir):
             if os.path.isdir(name):
                 raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
                                  f"--out_dir a writable folder")
-            # A pipe, a device or a link to nothing would hang a save or the lock, or fail in
-            # words of its own.
-            if os.path.lexists(name) and not os.path.isfile(name):
-                raise ValueError(f"cannot write {path} ({name} is there, and not a file): remove it, "
-                                 f"or pass --out_dir a writable folder")
+        # The lock is read and cut back to its holder's line: a pipe, a device or a link to
+        # nothing there would hang the run or fail in words of its own.
+        lock = os.path.join(out_dir, "train.lock")
+        if os.path.lexists(lock) and not os.path.isfile(lock):
+            raise ValueError(f"cannot lock {out_dir} ({lock} is there, and not a file): remove it, or "
+                             f"pass --out_dir a writable folder")
     except OSError as e:
         # makedirs says only "File exists" of a file, a loop of links or a link to nothing where
         # the folder should be.
