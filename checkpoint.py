@@ -14,6 +14,7 @@ import errno
 import math
 import os
 import re
+import stat
 
 import torch
 
@@ -477,6 +478,12 @@ def check_out_dir(out_dir):
             if os.path.isdir(name):
                 raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
                                  f"--out_dir a writable folder")
+        # A save opens path.tmp for writing: a pipe there would wait for a reader forever, a socket
+        # fail at the first save, after the steps before it.
+        mode = os.stat(path + ".tmp").st_mode if os.path.exists(path + ".tmp") else 0
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            raise ValueError(f"cannot write {path} ({path}.tmp is a pipe or a socket): remove it, or "
+                             f"pass --out_dir a writable folder")
         # The lock is read and cut back to its holder's line: a pipe, a device or a link to
         # nothing there would hang the run or fail in words of its own.
         lock = os.path.join(out_dir, "train.lock")

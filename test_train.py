@@ -3,8 +3,10 @@ import errno
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -663,6 +665,26 @@ def test_a_lock_that_is_not_a_file_is_refused_before_training(tmp_path, capsys, 
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
     assert f"({lock} is there, and not a file): remove it, or pass --out_dir a writable folder" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["a pipe", "a socket"])
+def test_a_pipe_where_a_save_writes_is_refused_before_training(tmp_path, capsys, kind):
+    tmp = tmp_path / "out" / "ckpt.pt.tmp"
+    tmp.parent.mkdir()
+    if kind == "a pipe":
+        os.mkfifo(tmp)
+    else:
+        socket.socket(socket.AF_UNIX).bind(str(tmp))
+    # Unchecked, the first save would wait on the pipe for a reader: one comes after a minute, so that
+    # the test fails instead of hanging.
+    reader = threading.Timer(60, lambda: Path(tmp).read_bytes())
+    reader.start()
+    try:
+        message = one_line_error(capsys, train, *tiny_flags(tmp_path))
+    finally:
+        reader.cancel()
+    assert f"({tmp} is a pipe or a socket): remove it, or pass --out_dir a writable folder" in message
+    assert not (tmp_path / "out" / "ckpt.pt").exists() and "iter 1" not in capsys.readouterr().out
 
 
 def test_a_path_with_a_newline_keeps_the_reason_and_the_advice(tmp_path, capsys):
