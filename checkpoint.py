@@ -210,6 +210,11 @@ def recorded_options(ckpt, path, advice):
                              f"it is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
         options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
+    # Each alone within its rule, but no run trains with a rising rate.
+    if options.get("min_lr", 0.0) > options.get("learning_rate", math.inf):
+        raise ValueError(f"{path} records min_lr = {options['min_lr']:g} above its learning_rate "
+                         f"{options['learning_rate']:g}, which no run could have: it is damaged or "
+                         f"hand-made; {advice}")
     # A run recorded before these options goes on as it trained: its embedding at its learning_rate,
     # Muon's momentum flat from the start...
     for name, before in (("embedding_lr", "learning_rate"), ("muon_momentum_start", "muon_momentum")):

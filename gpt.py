@@ -486,9 +486,9 @@ class TrainConfig(GPTConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        # A rising schedule is a slip: learning_rate=1e-4 alone is below the default min_lr.
         if self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr must be at most learning_rate ({self.learning_rate})")
+            raise ValueError(f"min_lr {self.min_lr:g} is above learning_rate "
+                             f"{self.learning_rate:g}, so the rate would rise: lower min_lr")
 
     def model_config(self, **changes):
         """The GPTConfig of these options, with changes."""

@@ -125,6 +125,16 @@ def test_a_recorded_option_no_run_could_have_is_refused_by_resume_and_by_the_rep
     assert says in message and message.endswith("it can still sample, without --report"), message
 
 
+def test_a_recorded_rate_that_would_rise_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir):
+    hand_made(trained_dir, tmp_path / "out", set_in(["train_config", "min_lr"], 0.5))  # each alone within its rule
+    says = "ckpt.pt records min_lr = 0.5 above its learning_rate 0.003, which no run could have: it is damaged or"
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
+    assert says in message and message.endswith("hand-made; train without --resume"), message
+    message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
+                             "--data", str(tmp_path / "data.txt"))
+    assert says in message and message.endswith("it can still sample, without --report"), message
+
+
 def test_a_checkpoint_resumes_with_its_own_optimizer_and_a_forged_muon_state_is_refused(tmp_path, capsys):
     flags = tiny_flags(tmp_path, max_iters=2, eval_interval=2, optimizer="muon")
     train.main(flags)

@@ -234,7 +234,7 @@ def test_every_option_of_the_wrong_type_or_outside_its_range_is_refused_by_name(
     (dict(seed=-1), r"seed must be in \[0, 4294967295\], not -1$"),
     (dict(seed=2 ** 70), r"seed must be in \[0, 4294967295\], not 1180591620717411303424$"),  # torch.manual_seed's
     (dict(muon_momentum=1.0), r"muon_momentum must be in \[0, 0.9999\], not 1.0$"),  # Muon's matrices would never move
-    (dict(learning_rate=1e-4), r"min_lr must be at most learning_rate \(0.0001\)"),  # a rising schedule
+    (dict(learning_rate=1e-4), r"min_lr 0.0003 is above learning_rate 0.0001, so the rate would rise"),
     (dict(learning_rate=math.nan), r"learning_rate must be in \[1e-09, 1\], not nan$"),
     (dict(learning_rate=0.0), r"learning_rate must be in \[1e-09, 1\], not 0.0$"),  # the schedule divides by it
     (dict(muon_lr=0), r"muon_lr must be in \[1e-09, 1\], not 0$"),

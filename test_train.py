@@ -145,7 +145,7 @@ def test_the_rule_tying_min_lr_to_learning_rate_holds_the_options_the_run_really
     # Below the run's own min_lr: refused, by the options the run would use.
     message = one_line_error(capsys, train, *tiny_flags(tmp_path), "--resume", "--max_iters", "6", "--learning_rate",
                              "1e-6")
-    assert message.endswith("min_lr must be at most learning_rate (1e-06)"), message
+    assert message.endswith("min_lr 1e-05 is above learning_rate 1e-06, so the rate would rise: lower min_lr"), message
     # A model option given on --resume is kept from the checkpoint, so no rule ties it to the defaults' others.
     train.main([*tiny_flags(tmp_path), "--resume", "--max_iters", "6", "--n_head", "3"])
     # --init_from's constant rate: a --learning_rate below its default min_lr is the rate throughout.
@@ -153,7 +153,7 @@ def test_the_rule_tying_min_lr_to_learning_rate_holds_the_options_the_run_really
     assert (tc.learning_rate, tc.min_lr, tc.optimizer) == (1e-5, 1e-5, "adamw")
     assert train.first_config({}, dict(learning_rate=1e-2), init_from="gpt2").min_lr == 1e-2
     assert train.first_config({}, dict(min_lr=1e-6), init_from="gpt2").learning_rate == 3e-5
-    with pytest.raises(ValueError, match=r"min_lr must be at most learning_rate \(0.0001\)"):
+    with pytest.raises(ValueError, match=r"min_lr 0.0003 is above learning_rate 0.0001, so the rate would rise"):
         train.first_config({}, dict(learning_rate=1e-4))  # a new run: the defaults are what it uses
 
 
@@ -467,7 +467,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--seed", str(2 ** 63)], "seed must be in [0, 4294967295], not 9223372036854775808"),
     (["--max_iters", "1e3"], "argument --max_iters: invalid int value"),
     (["--log_interval", "0"], "argument --log_interval: must be at least 1"),
-    (["--learning_rate", "1e-4"], "min_lr must be at most learning_rate (0.0001)"),
+    (["--learning_rate", "1e-4"], "min_lr 0.0003 is above learning_rate 0.0001, so the rate would rise: lower min_lr"),
     (["--nonsense", "1"], "unrecognized arguments: --nonsense"),
     (["--resume", "--init_from", "gpt2"], "give one of them"),
     (["--data", "MISSING"], "cannot read the data file"),
