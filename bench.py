@@ -991,6 +991,70 @@ class NorMuon(gpt.Muon):
                     p.add_(normed, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
 
+class PlainOptimizer:
+    """Weights in groups, each group's options beside them, a state for each weight, and torch.optim's state_dict
+    layout, without torch.optim.Optimizer: its first use imports torch._dynamo, about 70 MB of a process's memory."""
+
+    def __init__(self, groups, **defaults):
+        self.param_groups = [{**defaults, **group} for group in groups]
+        self.state = collections.defaultdict(dict)
+
+    def state_dict(self):
+        number = {id(p): i for i, p in enumerate(p for group in self.param_groups for p in group["params"])}
+        groups = [{**group, "params": [number[id(p)] for p in group["params"]]} for group in self.param_groups]
+        return {"state": {number[id(p)]: state for p, state in self.state.items()}, "param_groups": groups}
+
+
+class PlainAdamW(PlainOptimizer):
+    """torch.optim.AdamW(fused=True)'s step, its own kernel, called on each group's weights that have a gradient."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            # A group with none (the embedding's, where it is tied to the head) has no step to take.
+            if not params:
+                continue
+            for p in params:
+                if not self.state[p]:
+                    self.state[p] = dict(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                         exp_avg_sq=torch.zeros_like(p))
+            states = [self.state[p] for p in params]
+            steps = [state["step"] for state in states]
+            torch._foreach_add_(steps, 1)
+            beta1, beta2 = group["betas"]
+            torch._fused_adamw_(params, [p.grad for p in params], [state["exp_avg"] for state in states],
+                                [state["exp_avg_sq"] for state in states], [], steps, lr=group["lr"], beta1=beta1,
+                                beta2=beta2, weight_decay=group["weight_decay"], eps=1e-8, amsgrad=False,
+                                maximize=False)
+
+
+class PlainMuon(PlainOptimizer):
+    """gpt.Muon's step on a PlainOptimizer."""
+    step = gpt.Muon.step
+
+
+def plain_optimizers(model, tc, device_type="cpu"):
+    """gpt.configure_optimizers' groups, rates and steps (on a CPU, where its AdamW is the fused one), in
+    PlainAdamW and PlainMuon: the same run, without torch._dynamo in memory. Its groups are made again here, as
+    gpt.configure_optimizers makes them (a test holds the two alike): asking it would make a torch.optim one."""
+    if device_type != "cpu":
+        raise ValueError("plain_optimizers stands in for the CPU's fused AdamW: train on cpu")
+    blocks = [p for n, p in model.named_parameters() if n.startswith("h.") and p.dim() == 2]
+    muon = blocks if tc.optimizer == "muon" else []
+    embedding = [] if model.config.tie_weights else [model.wte.weight]
+    apart = set(map(id, muon + embedding))
+    groups = [{"params": embedding, "lr": tc.embedding_lr, "weight_decay": tc.weight_decay},
+              {"params": [p for p in model.parameters() if p.dim() >= 2 and id(p) not in apart],
+               "weight_decay": tc.weight_decay},
+              {"params": [p for p in model.parameters() if p.dim() < 2]}]
+    optimizers = [PlainAdamW(groups, lr=tc.learning_rate, betas=(0.9, tc.beta2), weight_decay=0.0)]
+    if muon:
+        optimizers.append(PlainMuon([{"params": muon}], lr=tc.muon_lr, momentum=tc.muon_momentum,
+                                    weight_decay=tc.weight_decay))
+    return optimizers
+
+
 # The Polar Express's (a, b, c) for each of five iterations, a polynomial of its own each, fitted so that every
 # singular value ends near 1 (Amsel, Persson, Musco and Gower, 2025, arXiv:2505.16932; with its 2% safety margin).
 POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),

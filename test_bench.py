@@ -850,6 +850,43 @@ def test_normuon_takes_muons_place_with_its_rate_momentum_and_decay_and_steps_th
         bench.normuon(model, gpt.TrainConfig(**TINY, optimizer="adamw"))
 
 
+@pytest.mark.parametrize("changes", [dict(), dict(optimizer="adamw"), dict(tie_weights=True, weight_decay=0.1)])
+def test_plain_optimizers_step_as_gpts_own_and_keep_their_states_in_its_layout(changes):
+    tc = gpt.TrainConfig(**TINY, **changes)
+    torch.manual_seed(0)
+    models = [gpt.GPT(tc.model_config()) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    plain, own = bench.plain_optimizers(models[0], tc), gpt.configure_optimizers(models[1], tc)
+    names = [{id(p): n for n, p in model.named_parameters()} for model in models]
+    for ours, theirs in zip(plain, own, strict=True):
+        for a, b in zip(ours.param_groups, theirs.param_groups, strict=True):
+            assert [names[0][id(p)] for p in a["params"]] == [names[1][id(p)] for p in b["params"]]
+            assert {key: a[key] for key in a if key != "params"}.items() <= b.items()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 8))
+    for _ in range(3):
+        gpt.train_step(models[0], plain, [(idx, idx)], grad_clip=1.0)
+        gpt.train_step(models[1], own, [(idx, idx)], grad_clip=1.0)
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    for ours, theirs in zip(plain, own):
+        saved, expected = ours.state_dict()["state"], theirs.state_dict()["state"]
+        assert saved.keys() == expected.keys()
+        for i in saved:
+            assert saved[i].keys() == expected[i].keys()
+            for key in saved[i]:
+                torch.testing.assert_close(saved[i][key], expected[i][key])
+
+
+def test_plain_optimizers_train_without_torch_dynamo_which_torch_optim_imports():
+    script = (f"import sys, bench, gpt; tc = gpt.TrainConfig(**{TINY}, out_dir=''); "
+              "model = gpt.GPT(tc.model_config()); idx = gpt.torch.randint(0, 13, (2, 8)); "
+              "gpt.train_step(model, bench.plain_optimizers(model, tc), [(idx, idx)]); "
+              "print('torch._dynamo' in sys.modules); gpt.configure_optimizers(model, tc); "
+              "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], cwd=HERE, capture_output=True, text=True, timeout=HANG)
+    assert out.stdout.split() == ["False", "True"], out.stderr
+
+
 def test_our_step_takes_as_many_micro_batches_as_its_config_a_step(monkeypatch):
     taken = []
     monkeypatch.setattr(gpt, "train_step", lambda model, optimizers, batches, *args: taken.append(len(batches)))
