@@ -590,9 +590,7 @@ INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, tor
 def token_ids(data, tc, vocab_size):
     """data as 1-D integer ids (a list becomes a tensor; a tensor, an array, a memmap stay as they
     are), or a ValueError where training on it would go wrong."""
-    ids = data
-    if not hasattr(data, "__array__"):
-        ids = torch.tensor(data)
+    ids = data if hasattr(data, "__array__") else torch.tensor(data)
     # Float ids would be cut to integers, and the rows of 2-D ones read as one sequence. ids[[]],
     # an empty copy, gives the torch dtype of a tensor and of an array alike.
     if ids.ndim != 1 or torch.as_tensor(ids[[]]).dtype not in INTEGERS:

@@ -59,8 +59,8 @@ CARD_LINES = 600
 # What gpt.py holds today: its own Muon (a copier's step is train.py's), the checks of its options and
 # data, and plain code. Only a change that wins by measurement may grow it (docs/benchmarks.md says
 # what each bought); the card's size waits on a choice of what it holds.
-GPT_PY_CODE_LINES = 479
-GPT_PY_LINES = 747
+GPT_PY_CODE_LINES = 478
+GPT_PY_LINES = 745
 
 
 def parents_of(tree):
