@@ -992,8 +992,9 @@ class NorMuon(gpt.Muon):
 
 
 class PlainOptimizer:
-    """Weights in groups, each group's options beside them, a state for each weight, and torch.optim's state_dict
-    layout, without torch.optim.Optimizer: its first use imports torch._dynamo, about 70 MB of a process's memory."""
+    """Weights in groups, each group's options beside them, a state for each weight, saved as torch.optim saves its
+    states, without torch.optim.Optimizer: its first use imports torch._dynamo, about 70 MB of a process's memory.
+    No load_state_dict: a run with these cannot --resume."""
 
     def __init__(self, groups, **defaults):
         self.param_groups = [{**defaults, **group} for group in groups]

@@ -210,11 +210,11 @@ def recorded_options(ckpt, path, advice):
                              f"it is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
         options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
-    # Each alone within its rule, but no run trains with a rising rate.
+    # Each alone within its rule, but gpt.TrainConfig refuses a rising rate.
     if options.get("min_lr", 0.0) > options.get("learning_rate", math.inf):
-        raise ValueError(f"{path} records min_lr = {options['min_lr']:g} above its learning_rate "
-                         f"{options['learning_rate']:g}, which no run could have: it is damaged or "
-                         f"hand-made; {advice}")
+        raise ValueError(f"{path} records min_lr = {options['min_lr']} above its learning_rate "
+                         f"{options['learning_rate']}, a rate that would rise, which no run of this "
+                         f"gpt.py trains with; {advice}")
     # A run recorded before these options goes on as it trained: its embedding at its learning_rate,
     # Muon's momentum flat from the start...
     for name, before in (("embedding_lr", "learning_rate"), ("muon_momentum_start", "muon_momentum")):
@@ -483,12 +483,10 @@ def check_out_dir(out_dir):
             if os.path.isdir(name):
                 raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
                                  f"--out_dir a writable folder")
-        # A save opens path.tmp for writing: a pipe there would wait for a reader forever, a socket
-        # fail at the first save, after the steps before it.
-        mode = os.stat(path + ".tmp").st_mode if os.path.exists(path + ".tmp") else 0
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            raise ValueError(f"cannot write {path} ({path}.tmp is a pipe or a socket): remove it, or "
-                             f"pass --out_dir a writable folder")
+        what = unsavable(path + ".tmp")
+        if what:
+            raise ValueError(f"cannot write {path} ({path}.tmp is {what}): remove it, or pass "
+                             f"--out_dir a writable folder")
         # The lock is read and cut back to its holder's line: a pipe, a device or a link to
         # nothing there would hang the run or fail in words of its own.
         lock = os.path.join(out_dir, "train.lock")
@@ -500,6 +498,22 @@ def check_out_dir(out_dir):
         # the folder should be.
         reason = not_a_folder(out_dir) if isinstance(e, FileExistsError) else e.strerror
         raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
+
+
+def unsavable(name):
+    """What stands at name that a save cannot write through, or "": a save opens it for writing,
+    where a pipe waits for a reader for ever, and a socket, a link to nothing or a loop of links
+    fail the first save, after the steps before it. A device is let through (a full one fails the
+    write as a full disk does)."""
+    if not os.path.lexists(name):
+        return ""
+    try:
+        mode = os.stat(name).st_mode
+    except OSError:
+        return "a link to nothing, or a loop of links"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return "a pipe or a socket"
+    return ""
 
 
 def check_new(path):

@@ -487,8 +487,8 @@ class TrainConfig(GPTConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr {self.min_lr:g} is above learning_rate "
-                             f"{self.learning_rate:g}, so the rate would rise: lower min_lr")
+            raise ValueError(f"min_lr {self.min_lr} is above learning_rate "
+                             f"{self.learning_rate}, so the rate would rise: lower min_lr")
 
     def model_config(self, **changes):
         """The GPTConfig of these options, with changes."""

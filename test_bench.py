@@ -16,7 +16,7 @@ import bench
 import data
 import gpt
 import train
-from conftest import HERE, HANG, TEXT, TINY, interrupted, one_line_error, tiny_model
+from conftest import HERE, HANG, SWITCHES, TEXT, TINY, interrupted, one_line_error, tiny_model
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -850,7 +850,7 @@ def test_normuon_takes_muons_place_with_its_rate_momentum_and_decay_and_steps_th
         bench.normuon(model, gpt.TrainConfig(**TINY, optimizer="adamw"))
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(optimizer="adamw"), dict(tie_weights=True, weight_decay=0.1)])
+@pytest.mark.parametrize("changes", [dict(), dict(optimizer="adamw"), dict(**SWITCHES["gpt2"], weight_decay=0.1)])
 def test_plain_optimizers_step_as_gpts_own_and_keep_their_states_in_its_layout(changes):
     tc = gpt.TrainConfig(**TINY, **changes)
     torch.manual_seed(0)
@@ -866,8 +866,9 @@ def test_plain_optimizers_step_as_gpts_own_and_keep_their_states_in_its_layout(c
     for _ in range(3):
         gpt.train_step(models[0], plain, [(idx, idx)], grad_clip=1.0)
         gpt.train_step(models[1], own, [(idx, idx)], grad_clip=1.0)
+    # The same kernels on the same numbers: a slip in a rate, a beta or eps moves weights by far more.
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
-        torch.testing.assert_close(p, q)
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
     for ours, theirs in zip(plain, own):
         saved, expected = ours.state_dict()["state"], theirs.state_dict()["state"]
         assert saved.keys() == expected.keys()
@@ -884,6 +885,7 @@ def test_plain_optimizers_train_without_torch_dynamo_which_torch_optim_imports()
               "print('torch._dynamo' in sys.modules); gpt.configure_optimizers(model, tc); "
               "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", script], cwd=HERE, capture_output=True, text=True, timeout=HANG)
+    # True while torch.optim imports torch._dynamo (torch 2.13 does): what the plain classes are measured against.
     assert out.stdout.split() == ["False", "True"], out.stderr
 
 

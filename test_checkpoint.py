@@ -127,9 +127,9 @@ def test_a_recorded_option_no_run_could_have_is_refused_by_resume_and_by_the_rep
 
 def test_a_recorded_rate_that_would_rise_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir):
     hand_made(trained_dir, tmp_path / "out", set_in(["train_config", "min_lr"], 0.5))  # each alone within its rule
-    says = "ckpt.pt records min_lr = 0.5 above its learning_rate 0.003, which no run could have: it is damaged or"
+    says = "ckpt.pt records min_lr = 0.5 above its learning_rate 0.003, a rate that would rise, which no run of"
     message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
-    assert says in message and message.endswith("hand-made; train without --resume"), message
+    assert says in message and message.endswith("this gpt.py trains with; train without --resume"), message
     message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
                              "--data", str(tmp_path / "data.txt"))
     assert says in message and message.endswith("it can still sample, without --report"), message

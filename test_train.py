@@ -667,23 +667,30 @@ def test_a_lock_that_is_not_a_file_is_refused_before_training(tmp_path, capsys, 
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 
 
-@pytest.mark.parametrize("kind", ["a pipe", "a socket"])
-def test_a_pipe_where_a_save_writes_is_refused_before_training(tmp_path, capsys, kind):
+@pytest.mark.parametrize("kind, what", [("a pipe", "a pipe or a socket"), ("a socket", "a pipe or a socket"),
+                                        ("a link to nothing", "a link to nothing, or a loop of links"),
+                                        ("a loop of links", "a link to nothing, or a loop of links")])
+def test_what_a_save_cannot_write_through_is_refused_before_training(tmp_path, capsys, monkeypatch, kind, what):
     tmp = tmp_path / "out" / "ckpt.pt.tmp"
     tmp.parent.mkdir()
     if kind == "a pipe":
         os.mkfifo(tmp)
+    elif kind == "a socket":
+        monkeypatch.chdir(tmp.parent)  # a socket's path has room for about 100 bytes
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(tmp.name)
     else:
-        socket.socket(socket.AF_UNIX).bind(str(tmp))
+        tmp.symlink_to(tmp_path / "no" / "folder" if kind == "a link to nothing" else tmp)
     # Unchecked, the first save would wait on the pipe for a reader: one comes after a minute, so that
     # the test fails instead of hanging.
     reader = threading.Timer(60, lambda: Path(tmp).read_bytes())
+    reader.daemon = True
     reader.start()
     try:
         message = one_line_error(capsys, train, *tiny_flags(tmp_path))
     finally:
         reader.cancel()
-    assert f"({tmp} is a pipe or a socket): remove it, or pass --out_dir a writable folder" in message
+    assert f"({tmp} is {what}): remove it, or pass --out_dir a writable folder" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists() and "iter 1" not in capsys.readouterr().out
 
 
