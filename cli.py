@@ -40,6 +40,13 @@ def number(kind, ok, rule):
     return parse
 
 
+def not_empty(text):
+    """argparse's type for a folder or a name, of which "" is none (and would be read as not given)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty: give a folder, or a name such as gpt2")
+    return text
+
+
 def parse_bool(text):
     if text.lower() in ("1", "true", "yes", "on"):
         return True

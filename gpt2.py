@@ -10,6 +10,7 @@ and c_v, a weight for each map. GPT-2's Conv1D weights, stored (in, out), are tu
 (out, in).
 Neither tiktoken, transformers nor huggingface_hub is a requirement: each is used when installed.
 """
+import collections
 import json
 import math
 import os
@@ -42,13 +43,20 @@ def from_state_dict(state_dict, n_head=None):
         # GPT-2's Conv1D layers store their weights (in, out); nn.Linear's are (out, in).
         conv1d = key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
         # Older files also hold each layer's causal mask: a constant, which attention computes.
-        if not key.endswith((".attn.bias", ".attn.masked_bias")):
-            weights[key.removeprefix("transformer.")] = w.t() if conv1d else w
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        name = key.removeprefix("transformer.")
+        # The same weight named with and without "transformer.", perhaps with two values: refused.
+        if name in weights:
+            raise ValueError(f"{name} comes twice, with and without transformer.")
+        weights[name] = w.t() if conv1d else w
     # c_attn's output is q, k and v side by side: its rows once turned (out, in), and its bias, in
     # thirds.
     for key in [key for key in weights if ".attn.c_attn." in key]:
         layer, kind = key.split(".c_attn.")
         for name, part in zip(("c_q", "c_k", "c_v"), weights.pop(key).chunk(3)):
+            if f"{layer}.{name}.{kind}" in weights:
+                raise ValueError(f"{layer} holds both c_attn.{kind} and {name}.{kind}")
             weights[f"{layer}.{name}.{kind}"] = part
     # Each parameter dense, in its own memory, in float32, as training keeps them: a fused optimizer
     # steps a tensor as if it were dense (a view such as a third of c_attn turned moves wrong), the
@@ -66,6 +74,9 @@ def from_state_dict(state_dict, n_head=None):
                            bigram=0)
     model = gpt.GPT(config)
     # The output layer is the token embedding, tied, which some files hold a second time.
+    head = weights.get("lm_head.weight", weights["wte.weight"])
+    if head.shape != weights["wte.weight"].shape or not torch.equal(head, weights["wte.weight"]):
+        raise ValueError("lm_head.weight is not wte.weight, and GPT-2 ties the two")
     weights["lm_head.weight"] = weights["wte.weight"]
     # assign: the copies above become the parameters, without a copy more.
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
@@ -86,11 +97,12 @@ TOKENIZER_LIMIT = 100_000_000
 
 def unique_names(pairs):
     """json.loads' object_pairs_hook: a dict, refused when a name comes twice (JSON keeps the last)."""
-    names = [name for name, _ in pairs]
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if twice:
-        raise ValueError(f"the name {twice[0]!r} comes twice")
-    return dict(pairs)
+    kept = dict(pairs)
+    # Counted in one pass: a header may hold a million names.
+    if len(kept) < len(pairs):
+        counts = collections.Counter(name for name, _ in pairs)
+        raise ValueError(f"the name {min(n for n, c in counts.items() if c > 1)!r} comes twice")
+    return kept
 
 
 def read_safetensors(path):
@@ -217,6 +229,12 @@ def read_weights(folder):
     return weights
 
 
+# config.json's switches that change what a block computes, and the values of this model's block (tanh's GELU,
+# LayerNorm's eps of 1e-5, scores over sqrt(head size) in every layer).
+SAME_BLOCK = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
+              "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,)}
+
+
 def load(source, device=""):
     """GPT-2's weights in a gpt.GPT in eval mode, on device, from source: a folder as transformers'
     save_pretrained or huggingface-cli download leaves it (config.json with model.safetensors or
@@ -236,6 +254,10 @@ def load(source, device=""):
         keys = {"n_layer": "n_layer", "n_embd": "n_embd", "block_size": "n_positions",
                 "vocab_size": "vocab_size"}
         said = {name: config_size(config, key) for name, key in keys.items()}
+        other = [f"{key} {config[key]!r}" for key, kept in SAME_BLOCK.items()
+                 if key in config and config[key] not in kept]
+        if other:
+            raise ValueError(f"its config.json asks for another block than GPT-2's: {other[0]}")
         n_head = config_size(config, "n_head")
         weights = read_weights(folder)
         if not all(w.isfinite().all() for w in weights.values() if w.is_floating_point()):
@@ -246,7 +268,9 @@ def load(source, device=""):
         if differ:
             raise ValueError(f"its config.json disagrees with its weights: {', '.join(differ)}")
     except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+        # A state dict's error says on its second line which weight does not fit.
+        first = f"{lines[0]} {lines[1][:200]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
         raise ValueError(f"{folder} holds no GPT-2 this can load ({type(e).__name__}: {first}): pass "
                          f"--init_from a folder with config.json and model.safetensors") from None
     return model.to(device).eval()

@@ -90,10 +90,11 @@ def default_prompt(tokenizer, val=None):
 
 
 def decode(tokenizer, ids):
-    """The text of ids, or the ids themselves where there is no tokenizer here to decode them."""
+    """The text of ids, or the ids themselves where there is no tokenizer here to decode them, or
+    one cannot (an id past its vocabulary, which a model of a larger one may draw)."""
     try:
         return tokenizer.decode(ids)
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError, KeyError, IndexError):
         return " ".join(map(str, ids))
 
 

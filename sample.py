@@ -34,7 +34,7 @@ def parse_args(argv=None):
     parser = cli.Parser(description="Sample text from out_dir/ckpt.pt (or GPT-2), printed as it is "
                                     "drawn; or write its report page.")
     parser.add_argument("--out_dir", default="out", help="folder of ckpt.pt (default: %(default)s)")
-    parser.add_argument("--init_from", metavar="GPT2",
+    parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty,
                         help="sample GPT-2 instead: a folder with config.json and model.safetensors, "
                              "or gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded with "
                              "huggingface_hub)")
@@ -166,6 +166,12 @@ def main(argv=None):
             model, tokenizer, ckpt = checkpoint.load(path, device)
         if args.report:
             return write_report(model, tokenizer, ckpt, path, args, device)
+        # GPT-2's tokenizer reads its own 50,257 ids: a model of another vocabulary would take a
+        # prompt's ids it has no row for, or draw ids the tokenizer has no text for.
+        if isinstance(tokenizer, gpt2.Tokenizer) and model.config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"the model has a vocabulary of {model.config.vocab_size:,} tokens and GPT-2's "
+                             f"tokenizer {tokenizer.vocab_size:,}: sample it from Python, in ids (the "
+                             f"README shows how)")
         checkpoint.needs_tokenizer(tokenizer, path, ", so it cannot be decoded here: sample it from "
                                    "Python with your tokenizer (the README shows how)")
         start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else args.start

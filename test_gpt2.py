@@ -5,6 +5,7 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import sys
 import types
 from pathlib import Path
@@ -101,6 +102,12 @@ def test_a_gpt2_finetune_stopped_and_resumed_equals_the_straight_run(tmp_path, g
     (lambda w: w.pop("transformer.h.1.ln_2.bias"), "not GPT-2's weights: h.1.ln_2.bias is missing"),
     (lambda w: w.pop("transformer.wpe.weight"), "wte.weight or wpe.weight is missing"),
     (lambda w: w.update({"transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 3)}), "size mismatch"),
+    (lambda w: w.update({"wte.weight": w["transformer.wte.weight"] + 1}),
+     "wte.weight comes twice, with and without transformer."),
+    (lambda w: w.update({"transformer.h.0.attn.c_q.weight": torch.zeros(3)}),
+     "h.0.attn holds both c_attn.weight and c_q.weight"),
+    (lambda w: w.update({"lm_head.weight": w["transformer.wte.weight"] + 1}),
+     "lm_head.weight is not wte.weight, and GPT-2 ties the two"),
 ])
 def test_gpt2_from_state_dict_uses_every_tensor_and_fills_every_parameter(change, match):
     weights = fixture_weights()
@@ -114,6 +121,7 @@ def gpt2_tokens(monkeypatch):
     """GPT-2's tokenizer as a byte-level stand-in (the fixture's vocabulary is 256): the tests need no tiktoken."""
     tokenizer = ByteTokenizer()
     monkeypatch.setattr(gpt2.Tokenizer, "backend", lambda self: (tokenizer.encode, tokenizer.decode))
+    monkeypatch.setattr(gpt2.Tokenizer, "vocab_size", tokenizer.vocab_size)
     return tokenizer
 
 
@@ -149,9 +157,37 @@ def test_sample_py_samples_gpt2_itself(capsys, gpt2_tokens):
     assert out == gpt2_tokens.decode(greedy[0].tolist()) + "\n"
 
 
+def test_sample_py_refuses_a_gpt2_of_another_vocabulary_than_its_tokenizers(capsys, monkeypatch, gpt2_tokens):
+    monkeypatch.setattr(gpt2.Tokenizer, "vocab_size", 300)  # as nanoGPT's 50,304 beside GPT-2's 50,257
+    message = one_line_error(capsys, sample, "--init_from", FIXTURE, "--device", "cpu")
+    assert message.endswith("the model has a vocabulary of 256 tokens and GPT-2's tokenizer 300: sample it from "
+                            "Python, in ids (the README shows how)"), message
+
+
+@pytest.mark.parametrize("module", [train, sample])
+def test_an_empty_init_from_is_refused_not_read_as_none_given(capsys, module):
+    message = one_line_error(capsys, module, "--init_from", "")
+    assert "argument --init_from: is empty: give a folder, or a name such as gpt2" in message, message
+
+
+def test_a_header_of_many_names_is_checked_in_one_pass():
+    names = [f"z{i}" for i in range(100_000)]
+    # Name by name, counting each in all of them, took minutes: an alarm makes that a failure.
+    signal.signal(signal.SIGALRM, lambda *args: pytest.fail("a header of 100,000 names took over 60 s"))
+    signal.alarm(60)
+    try:
+        assert len(json.loads(json.dumps(dict.fromkeys(names, 0)), object_pairs_hook=gpt2.unique_names)) == 100_000
+        with pytest.raises(ValueError, match="the name 'z7' comes twice"):
+            json.loads("{" + ", ".join(f'"{n}": 0' for n in [*names, "z7"]) + "}", object_pairs_hook=gpt2.unique_names)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
 def test_gpt2s_tokens_without_tiktoken_or_transformers_are_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # an import of either fails
     monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setattr(gpt2.Tokenizer, "vocab_size", 256)  # the fixture's, standing for GPT-2's 50,257
     (tmp_path / "data.txt").write_text(TEXT)
     for module, args in ((sample, ["--init_from", FIXTURE]),
                          (train, ["--init_from", FIXTURE, "--data", str(tmp_path / "data.txt"), "--out_dir",
@@ -221,6 +257,15 @@ def damage_config(**changes):
     return change
 
 
+def as_bin_with(change):
+    def damage(folder):
+        weights = fixture_weights()
+        change(weights)
+        torch.save(weights, folder / "pytorch_model.bin")
+        os.remove(folder / "model.safetensors")
+    return damage
+
+
 def as_bin_without(name):
     def change(folder):
         weights = fixture_weights()
@@ -240,6 +285,11 @@ def as_bin_without(name):
     (damage_config(model_type="llama"), "its config.json is of a 'llama' model, not gpt2"),
     (as_bin_without("transformer.h.1.ln_2.bias"), "h.1.ln_2.bias is missing"),
     (lambda folder: os.remove(folder / "model.safetensors"), "pytorch_model.bin"),
+    (damage_config(activation_function="relu"), "asks for another block than GPT-2's: activation_function 'relu'"),
+    (damage_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx True"),
+    (damage_config(layer_norm_epsilon=0.5), "layer_norm_epsilon 0.5"),
+    (as_bin_with(lambda w: w.update({"transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 3)})),
+     "size mismatch for h.1.mlp.c_fc.weight: copying a param with shape torch.Size([3, 64])"),
 ])
 def test_a_broken_gpt2_folder_is_one_line(tmp_path, capsys, damage, match):
     folder = tmp_path / "gpt2"

@@ -138,3 +138,11 @@ def test_the_progress_line_times_the_steps_alone_leaving_out_each_one_an_evaluat
     trainer.it += 1
     progress.step()
     assert "| 400.0 ms/iter |" in progress.line(1.5)
+
+
+def test_ids_a_tokenizer_cannot_decode_are_shown_as_ids():
+    class Short:
+        def decode(self, ids):
+            return {1: "a", 2: "b"}[ids[-1]]  # as tiktoken's KeyError for an id past its vocabulary
+    assert report.decode(Short(), [1, 2]) == "b" and report.decode(Short(), [1, 50300]) == "1 50300"
+    assert report.decode(None, [3, 4]) == "3 4"

@@ -57,7 +57,7 @@ def parse_args(argv=None):
                              "The last 10%% is held out for validation (default: %(default)s)")
     parser.add_argument("--dtype", choices=data.ID_DTYPES,
                         help="the integer type of the ids in a .bin --data (default: uint16)")
-    parser.add_argument("--init_from", metavar="GPT2",
+    parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty,
                         help="start from GPT-2's weights: a folder with config.json and "
                              "model.safetensors, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl "
                              "(downloaded with huggingface_hub); a text is then read in GPT-2's "
