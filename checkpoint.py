@@ -45,6 +45,13 @@ def load(path, device):
         # A tensor or a list, indexed by name below, would warn in lines before it failed.
         if not isinstance(ckpt, dict):
             raise TypeError(f"it holds a {type(ckpt).__name__}, not a dict")
+        # gpt.CharTokenizer sorts the characters it is given: any others would map ids to others.
+        chars = ckpt.get("chars")
+        if chars and not (isinstance(chars, str) and list(chars) == sorted(set(chars))):
+            raise ValueError("its characters are not a string of distinct ones in order")
+        # A lone surrogate is no character a text can hold, nor one that can be printed.
+        if chars and any("\ud800" <= c <= "\udfff" for c in chars):
+            raise ValueError("its characters hold a lone surrogate")
         # A checkpoint from before the bigram table has none.
         ckpt["config"] = {"bigram": 0, **ckpt["config"]}
         split = split_maps(ckpt["model"], ckpt["config"])

@@ -115,6 +115,9 @@ def test_bench_times_steps_with_either_optimizer_and_blames_the_other_model_py_f
     nano = types.SimpleNamespace(GPT=NanoGPTThatCannotSample, GPTConfig=NanoGPTConfig)
     with pytest.raises(bench.TheirFault, match="^IndexError: index out of range in self$"):
         bench.versus_nanogpt(nano, torch.device("cpu"))
+    divides = types.SimpleNamespace(GPT=lambda config: 1 / 0, GPTConfig=NanoGPTConfig)  # any error of its own
+    with pytest.raises(bench.TheirFault, match="^ZeroDivisionError: division by zero$"):
+        bench.versus_nanogpt(divides, torch.device("cpu"))
 
     def out_of_memory():
         raise RuntimeError("out of memory")

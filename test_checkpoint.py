@@ -135,6 +135,19 @@ def test_a_recorded_rate_that_would_rise_is_refused_by_resume_and_by_the_report(
     assert says in message and message.endswith("it can still sample, without --report"), message
 
 
+@pytest.mark.parametrize("chars, reason", [
+    (lambda chars: chars[::-1], "its characters are not a string of distinct ones in order"),  # ids would map elsewhere
+    (lambda chars: chars + chars[-1], "its characters are not a string of distinct ones in order"),
+    (lambda chars: list(chars), "its characters are not a string of distinct ones in order"),
+    (lambda chars: chars[:-1] + "\ud800", "its characters hold a lone surrogate"),  # past every other character
+])
+def test_a_checkpoints_characters_are_held_to_what_a_char_tokenizer_saves(tmp_path, capsys, trained_dir, chars,
+                                                                          reason):
+    hand_made(trained_dir, tmp_path / "out", lambda ckpt: ckpt.update(chars=chars(ckpt["chars"])))
+    message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"), "--max_new_tokens", "5")
+    assert f"is not a checkpoint this gpt.py can load (ValueError: {reason}); train a new one" in message, message
+
+
 def test_a_checkpoint_resumes_with_its_own_optimizer_and_a_forged_muon_state_is_refused(tmp_path, capsys):
     flags = tiny_flags(tmp_path, max_iters=2, eval_interval=2, optimizer="muon")
     train.main(flags)
