@@ -1408,7 +1408,7 @@ def make_parser():
     add("--candidate", action="append", choices=list(CANDIDATES)[1:], metavar="NAME",
         help=f"with --candidates: this one and the default alone; again for more; once with --quality --nanogpt: "
              f"ours with a candidate. One of: {names(CANDIDATES)}")
-    add("--data", default="input.txt", help="text (or .bin ids) for --quality and the harnesses (default: %(default)s)")
+    add("--data", help="text (or .bin ids) for --quality and the harnesses (default: input.txt)")
     add("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
         help="with a harness: an option of train.py for every run, as its flag takes it (--set muon_lr=0.02); "
              "again for more")
@@ -1424,8 +1424,17 @@ def asked(args, mode):
 
 
 def check_args(parser, args):
-    """Refuses, in argparse's one line, flags that go with a mode not asked for."""
+    """Refuses, in argparse's one line, flags that go with a mode not asked for, and two modes at once."""
     harness = any(asked(args, mode) for mode in HARNESSES)
+    # --quality --nanogpt DIR is one mode: the quality run beside nanoGPT's.
+    modes = [f"--{mode}" for mode in MODES if asked(args, mode)]
+    if args.quality is not None and args.nanogpt:
+        modes.remove("--nanogpt")
+    if len(modes) > 1:
+        parser.error(f"{' and '.join(modes[:2])} are two modes: give one at a time")
+    if args.data is not None and not (harness or args.quality is not None):
+        parser.error("--data goes with --quality, --optimizers, --variants, --candidates or --copier")
+    args.data = args.data or "input.txt"
     if args.quality is not None and bool(args.quality) == bool(args.nanogpt):
         parser.error("--quality takes SECONDS, or with --nanogpt DIR none: nanoGPT's recipe sets the time")
     if args.only and not asked(args, "optimizers"):

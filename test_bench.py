@@ -422,6 +422,10 @@ def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, 
     (["--steps", "10"], "--steps goes with --optimizers, --variants, --candidates or --copier"),
     (["--copier", "--steps", "0"], "must be at least 1, got 0"),
     (["--candidates", "1", "--set", "seed"], "'seed': --set takes OPTION=VALUE"),  # not "seed must be int, got "
+    (["--profile", "--maps"], "--maps and --profile are two modes: give one at a time"),  # one of them was dropped
+    (["--candidates", "1", "--nanogpt", "x"], "--candidates and --nanogpt are two modes"),
+    (["--data", "x.txt"], "--data goes with --quality, --optimizers"),  # the speed benchmark reads none
+    (["--maps", "--data", "x.txt"], "--data goes with --quality, --optimizers"),
 ])
 def test_the_harness_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):
     with pytest.raises(SystemExit) as exit_info:
