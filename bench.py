@@ -1208,7 +1208,7 @@ def bench_quality(seconds, path):
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=gpt.MANY, max_time=seconds, eval_interval=gpt.MANY,
                              device="cpu")
         try:
-            trainer, stopped = train.run(tc, data.read_text(path), log=lines.append)
+            trainer, stopped = train.run(tc, data.DataFile(path, None), log=lines.append)
         # Ctrl-C before the training loop, which saves and returns on a signal, has begun.
         except KeyboardInterrupt:
             stopped = signal.SIGINT

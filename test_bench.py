@@ -396,6 +396,13 @@ def test_bench_copier_prints_its_rows_with_steps_a_second_val_loss_and_the_dtype
     assert re.search(r"mean val loss \d\.\d{4}, minus train.py's [+-]\d\.\d{4}$", out, re.M), out
 
 
+def test_bench_quality_trains_on_ids_as_train_py_does(tmp_path):
+    np_ids = torch.randint(0, 50, (20_000,), generator=torch.Generator().manual_seed(0)).to(torch.uint16).numpy()
+    np_ids.tofile(tmp_path / "ids.bin")  # read as a text, these bytes held NULs and were refused
+    q = bench.bench_quality(0.5, str(tmp_path / "ids.bin"))
+    assert q["iters"] >= 1 and math.log(50) - 0.5 < q["val_loss"] < math.log(50) + 1.0, q  # uniform ids: ln 50
+
+
 def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, capsys):
     losses = iter([1.7, 1.5, 1.6])
     monkeypatch.setattr(bench, "bench_quality", lambda seconds, path: dict(
