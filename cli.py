@@ -5,6 +5,7 @@ edge cases. Bad input is refused where it arrives, in one line that says what is
 to do.
 """
 import argparse
+import errno
 import dataclasses
 import os
 import sys
@@ -210,6 +211,10 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     if isinstance(error, MemoryError) or any(s in text.lower() for s in ("memory", "bad_alloc",
                                                                          "size calculation overflow")):
         return f"out of memory ({first or type(error).__name__}): {advice}"
+    # A full disk under what is printed (python sample.py > file): the write names no file, and the
+    # system's words are all it says.
+    if isinstance(error, OSError) and error.filename is None and error.strerror == os.strerror(errno.ENOSPC):
+        return "no space left on the device the output goes to: free some, or send it elsewhere"
     # An OSError made here, (errno, message): the message, without its "[Errno N]".
     if isinstance(error, OSError) and error.strerror and error.filename is None:
         text = error.strerror

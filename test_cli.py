@@ -126,7 +126,9 @@ def test_output_to_a_full_disk_is_one_line(trained_dir):
             done = subprocess.run([sys.executable, *args], cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True,
                                   timeout=HANG)
         assert done.returncode == 1 and done.stderr.count("\n") == 1, (args, done.stderr)
-        assert "No space left on device" in done.stderr and "Traceback" not in done.stderr, done.stderr
+        own = "no space left on the device the output goes to: free some, or send it elsewhere"
+        says = own if args[0] == "sample.py" else "No space left on device"  # the twin imports numpy alone
+        assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_character_the_terminal_cannot_show_prints_as_an_escape(tmp_path):
