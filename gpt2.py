@@ -181,7 +181,8 @@ def folder_of(source):
     if os.path.isdir(source):
         return source
     if source not in SIZES:
-        raise ValueError(f"--init_from {source}: no such folder, and not one of {', '.join(SIZES)}")
+        what = "a file, not a folder" if os.path.lexists(source) else "no such folder"
+        raise ValueError(f"--init_from {source}: {what}, and not one of {', '.join(SIZES)}")
     try:
         import huggingface_hub
     except ImportError:
@@ -201,9 +202,14 @@ def config_size(config, name):
     null or true)."""
     value = config.get(name)
     if type(value) is not int or value < 1:
-        raise ValueError(f"its config.json gives {name} = {json.dumps(value)}, not a whole number of "
-                         f"at least 1")
+        raise ValueError(f"its config.json gives {name} = {shown(value)}, not a whole number of at least 1")
     return value
+
+
+def shown(value):
+    """value as config.json writes it, shortened where it would fill the line (4,300 digits may)."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def read_weights(folder):
@@ -245,11 +251,13 @@ def load(source, device=""):
     try:
         path = os.path.join(folder, "config.json")
         data.check_file(path, "GPT-2's config", None, CONFIG_LIMIT)
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-        if not isinstance(config, dict) or config.get("model_type") != "gpt2":
-            kind = config.get("model_type") if isinstance(config, dict) else None
-            raise ValueError(f"its config.json is of a {kind!r} model, not gpt2")
+        # utf-8-sig: an editor may have put a byte-order mark first.
+        with open(path, encoding="utf-8-sig") as f:
+            config = json.load(f, object_pairs_hook=unique_names)
+        if not isinstance(config, dict):
+            raise ValueError(f"its config.json holds a {type(config).__name__}, not an object of names")
+        if config.get("model_type") != "gpt2":
+            raise ValueError(f"its config.json is of a {config.get('model_type')!r} model, not gpt2")
         # The tensors set the model; config.json must tell the same story.
         keys = {"n_layer": "n_layer", "n_embd": "n_embd", "block_size": "n_positions",
                 "vocab_size": "vocab_size"}
@@ -263,7 +271,7 @@ def load(source, device=""):
         if not all(w.isfinite().all() for w in weights.values() if w.is_floating_point()):
             raise ValueError("its weights hold NaN or inf: the file is damaged")
         model = from_state_dict(weights, n_head=n_head)
-        differ = [f"{name} {value} (the tensors' {getattr(model.config, name)})"
+        differ = [f"{name} {shown(value)} (the tensors' {getattr(model.config, name)})"
                   for name, value in said.items() if value != getattr(model.config, name)]
         if differ:
             raise ValueError(f"its config.json disagrees with its weights: {', '.join(differ)}")

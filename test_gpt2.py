@@ -164,6 +164,12 @@ def test_sample_py_refuses_a_gpt2_of_another_vocabulary_than_its_tokenizers(caps
                             "Python, in ids (the README shows how)"), message
 
 
+def test_init_from_a_file_says_it_is_one(tmp_path, capsys):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    message = one_line_error(capsys, sample, "--init_from", str(tmp_path / "model.safetensors"))
+    assert "model.safetensors: a file, not a folder, and not one of gpt2" in message, message
+
+
 @pytest.mark.parametrize("module", [train, sample])
 def test_an_empty_init_from_is_refused_not_read_as_none_given(capsys, module):
     message = one_line_error(capsys, module, "--init_from", "")
@@ -355,7 +361,13 @@ class Malicious:
     (damage_config(n_head=None), "gives n_head = null, not a whole number"),
     (damage_config(n_head=True), "gives n_head = true, not a whole number"),
     (damage_config(n_positions="64"), "gives n_positions = \"64\", not a whole number"),
-    (lambda folder: (folder / "config.json").write_text("[1, 2]"), "its config.json is of a None model, not gpt2"),
+    (lambda folder: (folder / "config.json").write_text("[1, 2]"), "its config.json holds a list, not an object"),
+    (damage_config(model_type=None), "its config.json is of a None model, not gpt2"),
+    (lambda folder: (folder / "config.json").write_text('{"n_layer": 2, "n_layer": 3}'), "the name 'n_layer' comes twice"),
+    (damage_config(n_embd=10 ** 400), "disagrees with its weights: n_embd 10000000000000000000... (401 characters)"),
+    (damage_config(n_embd=-10 ** 400), "n_embd = -1000000000000000000... (402 characters), not a whole number"),
+    (lambda folder: (folder / "config.json").write_text('{"model_type": "gpt2", "n_layer": 0}', encoding="utf-8-sig"),
+     "n_layer = 0, not a whole number of at least 1"),  # read past its byte-order mark
     (lambda folder: (os.remove(folder / "model.safetensors"),
                      torch.save({"x": Malicious()}, folder / "pytorch_model.bin")),
      "pytorch_model.bin holds code or objects, or is a plain pickle, not tensors as torch.save writes them"),
