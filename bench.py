@@ -588,11 +588,12 @@ def train_setting(setting, seconds, ids, tokenizer, device="cpu", on_step=None, 
 
 
 def compare(settings, seconds, path, rounds, device="cpu", log=functools.partial(print, flush=True), steps=None,
-            **changes):
+            dtype=None, **changes):
     """Each of settings {name: Setting} trained for `seconds` on the text (or ids) at path, one after the other,
     `rounds` times; [{round, setting, and train_setting's figures}], each logged as it ends. With steps, each trains
-    that many steps instead, round r from seed + r - 1: equal steps, which a drifting machine cannot blur."""
-    ids, tokenizer = data.read_data(data.DataFile(path, None))
+    that many steps instead, round r from seed + r - 1: equal steps, which a drifting machine cannot blur. dtype: the
+    ids' type in a .bin, as train.py --dtype."""
+    ids, tokenizer = data.read_data(data.DataFile(path, dtype))
     # The first step in a process pays for setting torch up: taken here, untimed, it falls on no setting.
     tiny = gpt.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2)
     our_step(tiny.model_config(vocab_size=65), tiny, torch.device(device))()
@@ -1199,7 +1200,7 @@ HARNESSES = {"optimizers": (OPTIMIZERS, 1), "variants": (VARIANTS, 2), "candidat
 
 
 # ------------------------------------------------------------------------------------------------------- quality
-def bench_quality(seconds, path):
+def bench_quality(seconds, path, dtype=None):
     """Trains the default CPU config for `seconds` of wall time, as train.py does; returns its final val loss, on the
     whole held-out split."""
     lines = []
@@ -1208,7 +1209,7 @@ def bench_quality(seconds, path):
         tc = gpt.TrainConfig(out_dir=out_dir, max_iters=gpt.MANY, max_time=seconds, eval_interval=gpt.MANY,
                              device="cpu")
         try:
-            trainer, stopped = train.run(tc, data.DataFile(path, None), log=lines.append)
+            trainer, stopped = train.run(tc, data.DataFile(path, dtype), log=lines.append)
         # Ctrl-C before the training loop, which saves and returns on a signal, has begun.
         except KeyboardInterrupt:
             stopped = signal.SIGINT
@@ -1314,11 +1315,11 @@ def reached_at(trainer, kept, target):
 
 
 def quality_versus_nanogpt(nano, path, recipe, snapshots, log=functools.partial(print, flush=True),
-                           candidate="default"):
+                           candidate="default", dtype=None):
     """nanoGPT's model.py trained by its CPU recipe, timed, then our default (or a candidate of CANDIDATES) for the
     same wall time on the same text, both evaluated on the whole held-out split of it (split_loss, in windows of each
     one's context)."""
-    ids, tokenizer = data.read_data(data.DataFile(path, None))
+    ids, tokenizer = data.read_data(data.DataFile(path, dtype))
     splits = gpt.split(ids)  # our split, for both
     theirs, seconds = train_nanogpt(nano, splits["train"], vocab_size_of(ids, tokenizer), recipe)
     their_loss = theirs_runs(gpt.split_loss)(AllLogits(theirs).eval(), splits["val"], recipe["batch_size"])
@@ -1409,6 +1410,7 @@ def make_parser():
         help=f"with --candidates: this one and the default alone; again for more; once with --quality --nanogpt: "
              f"ours with a candidate. One of: {names(CANDIDATES)}")
     add("--data", help="text (or .bin ids) for --quality and the harnesses (default: input.txt)")
+    add("--dtype", choices=data.ID_DTYPES, help="the integer type of the ids in a .bin --data (default: uint16)")
     add("--set", metavar="OPTION=VALUE", action="append", type=train_option, default=[],
         help="with a harness: an option of train.py for every run, as its flag takes it (--set muon_lr=0.02); "
              "again for more")
@@ -1434,6 +1436,8 @@ def check_args(parser, args):
         parser.error(f"{' and '.join(modes[:2])} are two modes: give one at a time")
     if args.data is not None and not (harness or args.quality is not None):
         parser.error("--data goes with --quality, --optimizers, --variants, --candidates or --copier")
+    if args.dtype and args.data is None:
+        parser.error("--dtype is the type of the ids in a .bin --data: give --data too")
     args.data = args.data or "input.txt"
     if args.quality is not None and bool(args.quality) == bool(args.nanogpt):
         parser.error("--quality takes SECONDS, or with --nanogpt DIR none: nanoGPT's recipe sets the time")
@@ -1478,7 +1482,7 @@ def harness_mode(mode, args, device, figures):
     print(f"--{mode}: {each} each on {args.data}, in {rounds} round{'s' * (rounds > 1)}, every other one in reverse "
           f"order; each one's loss on the whole held-out split:", flush=True)
     rows = figures[mode] = compare(chosen(mode, args), seconds, args.data, rounds, device, steps=args.steps,
-                                   **dict(args.set))
+                                   dtype=args.dtype, **dict(args.set))
     print("\n".join(summary(rows)))
 
 
@@ -1494,7 +1498,7 @@ def quality_mode(args, device, figures):
         for _ in range(args.runs or 1):
             try:
                 runs.append(quality_versus_nanogpt(nano, args.data, NANOGPT_RECIPE, SNAPSHOTS,
-                                                   candidate=(args.candidate or ["default"])[0]))
+                                                   candidate=(args.candidate or ["default"])[0], dtype=args.dtype))
             except TheirFault as e:
                 raise their_fault(args.nanogpt, e) from None
             print(versus_line(runs[-1]), flush=True)
@@ -1503,7 +1507,7 @@ def quality_mode(args, device, figures):
             print(medians_line(runs))
         return
     for _ in range(args.runs or 1):
-        q = bench_quality(args.quality, args.data)
+        q = bench_quality(args.quality, args.data, args.dtype)
         runs.append(q)
         print(f"{q['seconds']:g} s of training on {q['data']}: {q['iters']} iterations, val loss {q['val_loss']:.4f}")
         print(q["report"], flush=True)

@@ -206,6 +206,18 @@ def test_bench_help_names_every_candidate_and_variant(capsys):
         assert "".join(name.split()) in out, name
 
 
+def test_the_harness_reads_a_bin_in_the_ids_type_given(tmp_path, monkeypatch):
+    torch.randint(0, 50, (6000,), generator=torch.Generator().manual_seed(0)).to(torch.int32).numpy().tofile(
+        tmp_path / "ids.bin")
+    read = []
+    real = data.read_data
+    monkeypatch.setattr(data, "read_data", lambda file, *args: read.append(file.dtype) or real(file, *args))
+    options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
+    rows = bench.compare({"default": bench.Setting()}, 0.0, str(tmp_path / "ids.bin"), 1, log=lambda line: None,
+                         steps=2, dtype="int32", **options)
+    assert read == ["int32"] and rows[0]["iters"] == 2 and rows[0]["val_loss"] < math.log(50) + 1
+
+
 def test_the_harness_at_equal_steps_trains_each_setting_those_steps_from_a_seed_a_round(tmp_path, monkeypatch):
     (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2)
@@ -405,7 +417,7 @@ def test_bench_quality_trains_on_ids_as_train_py_does(tmp_path):
 
 def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, capsys):
     losses = iter([1.7, 1.5, 1.6])
-    monkeypatch.setattr(bench, "bench_quality", lambda seconds, path: dict(
+    monkeypatch.setattr(bench, "bench_quality", lambda seconds, path, dtype: dict(
         seconds=seconds, data=path, iters=10, val_loss=next(losses), report="what context buys: ..."))
     bench.main(["--quality", "2", "--runs", "3"])
     out = capsys.readouterr().out
@@ -433,6 +445,7 @@ def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, 
     (["--candidates", "1", "--nanogpt", "x"], "--candidates and --nanogpt are two modes"),
     (["--data", "x.txt"], "--data goes with --quality, --optimizers"),  # the speed benchmark reads none
     (["--maps", "--data", "x.txt"], "--data goes with --quality, --optimizers"),
+    (["--candidates", "1", "--dtype", "uint32"], "--dtype is the type of the ids in a .bin --data: give --data too"),
 ])
 def test_the_harness_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):
     with pytest.raises(SystemExit) as exit_info:
