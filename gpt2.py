@@ -124,7 +124,9 @@ def read_safetensors(path):
             raise ValueError(f"{path} is damaged: its header is not JSON with unique names ({e})")
         if not isinstance(header, dict):
             raise ValueError(f"{path} is damaged: its header is not a JSON object")
-        header.pop("__metadata__", None)
+        # The format's metadata: names to texts, of no use here.
+        if not isinstance(header.pop("__metadata__", {}), dict):
+            raise ValueError(f"{path} is damaged: its __metadata__ is not a JSON object")
         data_size = size - 8 - header_size
         spans = []
         for name, entry in header.items():
@@ -161,8 +163,11 @@ def tensor_span(path, name, entry, data_size):
     dtype = SAFETENSORS_DTYPES[entry["dtype"]]
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
-    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
-        raise ValueError(f"{damaged} has the shape {shape!r}, not a list of whole numbers")
+    whole = isinstance(shape, list) and len(shape) <= 8 and all(type(n) is int and n >= 0 for n in shape)
+    # Bounded, so that a shape with a 0 in it cannot ask torch for strides it cannot count.
+    if not (whole and math.prod(max(n, 1) for n in shape) < 2 ** 60):
+        raise ValueError(f"{damaged} has the shape {shown(shape)}, not at most 8 whole numbers of a product "
+                         f"below 2**60")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)):
         raise ValueError(f"{damaged} has the offsets {offsets!r}, not two whole numbers")
     begin, end = offsets
