@@ -14,6 +14,7 @@ import math
 import os
 import struct
 import time
+import unicodedata
 import zlib
 
 import torch
@@ -129,13 +130,24 @@ def attention_line(tokenizer, val, block_size, device):
     return torch.tensor([head[start:start + T]], device=device)
 
 
+# Unicode's controls, format marks (those that turn a line right to left among them), lone surrogates
+# and non-characters: a page would hide them, act on them, or fail to parse them.
+UNSEEN = ("Cc", "Cf", "Cs", "Cn")
+
+
+def visible(text):
+    """text with each character of UNSEEN but the newline and the tab written as its escape, \x1b."""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) not in UNSEEN
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def labels(tokenizer, ids):
     """What each token looks like on an axis: its text, with a newline, a space and a tab drawn."""
     shown = []
     for i in ids:
         text = decode(tokenizer, [i]) if tokenizer is not None else str(i)
         text = text.replace("\n", "\u21b5").replace(" ", "\u2423").replace("\t", "\u21e5")
-        shown.append(text[:8])
+        shown.append(visible(text)[:8])
     return shown
 
 
@@ -351,7 +363,7 @@ def page(model, tokenizer, history, val, tc, by_position, sample, figures):
     train_rows = [(k, getattr(tc, k)) for k in ("batch_size", "short_context", "grad_accum",
                                                 "learning_rate", "min_lr", "warmup_iters", "weight_decay",
                                                 "beta2", "grad_clip", "max_iters", "max_time", "seed")]
-    parts += ["<h2>Sample</h2>", f"<pre>{html.escape(sample)}</pre>",
+    parts += ["<h2>Sample</h2>", f"<pre>{html.escape(visible(sample))}</pre>",
               "<h2>The run</h2><div class=\"row\">", table(run_rows), table(model_rows),
               table(train_rows), "</div></body></html>"]
     return "\n".join(parts)

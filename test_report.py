@@ -146,3 +146,12 @@ def test_ids_a_tokenizer_cannot_decode_are_shown_as_ids():
             return {1: "a", 2: "b"}[ids[-1]]  # as tiktoken's KeyError for an id past its vocabulary
     assert report.decode(Short(), [1, 2]) == "b" and report.decode(Short(), [1, 50300]) == "1 50300"
     assert report.decode(None, [3, 4]) == "3 4"
+
+
+def test_the_page_shows_controls_and_marks_that_turn_text_as_escapes(tmp_path, capsys):
+    (tmp_path / "data.txt").write_text(TEXT.replace("e", "\x1b").replace("o", "\u202e"), encoding="utf-8")
+    train.main(tiny_flags(tmp_path, max_iters=4, eval_interval=4))
+    page = report_page(tmp_path / "out")
+    assert "\x1b" not in page and "\u202e" not in page  # an escape to a terminal; a line turned right to left
+    assert "\\x1b" in page and "\\u202e" in page  # in the sample and the attention maps' labels
+    assert report.visible("a\tb\nc\ud800\ufffe\u00e9") == "a\tb\nc\\ud800\\ufffe\u00e9"
