@@ -1608,11 +1608,24 @@ def measure(argv=None):
     args = parser.parse_args(argv)
     check_args(parser, args)
     device = cli.usable_device(args.device)
+    made = bool(args.json) and not os.path.lexists(args.json)
     try:  # an unwritable --json fails now, not after minutes of measuring; "a" leaves a file there as it is till then
         if args.json:
             open(args.json, "a").close()
     except OSError as e:
         raise ValueError(f"cannot write {args.json} ({e.strerror}): pass --json a file in a folder that exists")
+    try:
+        measure_mode(args, device)
+    # A run that fails or is stopped leaves no empty --json of its own making.
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                os.remove(args.json)
+        raise
+
+
+def measure_mode(args, device):
+    """The mode asked for, measured and printed; its figures written to --json."""
     figures = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__, threads=torch.get_num_threads(),
                    device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     print(f"torch {figures['torch']} on {figures['device']}, {figures['threads']} CPU threads, {figures['date']}",

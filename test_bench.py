@@ -36,6 +36,11 @@ def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, capsy
     assert said.err == "" and "val loss" not in said.out
 
 
+def test_a_run_that_fails_leaves_no_json_of_its_own_making(tmp_path, capsys):
+    message = one_line_error(capsys, bench, "--nanogpt", str(tmp_path / "missing"), "--json", str(tmp_path / "b.json"))
+    assert "missing" in message and not (tmp_path / "b.json").exists()
+
+
 def test_bench_with_another_projects_model_py_is_one_line(tmp_path, capsys):
     (tmp_path / "model.py").write_text("class GPTConfig:\n    pass\n\nclass GPT:\n    def __init__(self, config):\n"
                                        "        raise TypeError('this GPT takes no config')\n")
