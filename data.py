@@ -54,9 +54,10 @@ def read_text(path, what="the data file", flag="--data"):
 
 
 def binary(what, path, flag):
-    """The refusal of a file with NUL bytes: a text never holds them, binary data does."""
-    return (f"{what} {path} holds NUL bytes, so it is binary data, not a text: pass {flag} a UTF-8 "
-            f"text, or token ids in a file whose name ends in .bin")
+    """The refusal of a file with NUL bytes: a text never holds them, binary data does. --data also
+    reads token ids."""
+    ids = ", or token ids in a file whose name ends in .bin" if flag == "--data" else ""
+    return f"{what} {path} holds NUL bytes, so it is binary data, not a text: pass {flag} a UTF-8 text{ids}"
 
 
 # What a refused text's characters advise on --resume.

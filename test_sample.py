@@ -57,6 +57,8 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--start", "FILE:BINARY"], "(it is not UTF-8 text): pass --start FILE:path to a UTF-8 text file"),
     (["--start", "FILE:/dev/zero"], "(it is not a regular file)"),
     (["--start", "FILE:EMPTY"], "the prompt file"),
+    (["--start", "FILE:NULS"], "holds NUL bytes, so it is binary data, not a text: pass --start FILE:path to a UTF-8 "
+                               "text"),  # a prompt is never token ids
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--out_dir", "FOLDER"], "no checkpoint file at"),
     (["--out_dir", "CKPT_FOLDER"], "no checkpoint file at"),  # ckpt.pt is a folder
@@ -80,6 +82,7 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
 def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir, capsys, flags, match):
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "EMPTY").write_text("")
+    (tmp_path / "NULS").write_text("ROMEO\0")
     os.makedirs(tmp_path / "FOLDER")
     os.makedirs(tmp_path / "CKPT_FOLDER" / "ckpt.pt")
     os.makedirs(tmp_path / "CORRUPT")
@@ -92,10 +95,11 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     (tmp_path / "EMPTY_CKPT" / "ckpt.pt").write_bytes(b"")
     hand_made(trained_dir, tmp_path / "FEW_CHARS", lambda ckpt: ckpt.update(chars=ckpt["chars"][:5]))
     hand_made(trained_dir, tmp_path / "NAN_WEIGHTS", lambda ckpt: ckpt["model"]["wte.weight"].fill_(float("nan")))
-    names = "CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|MISSING"
+    names = "CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|MISSING|NULS"
     flags = [re.sub(names, lambda m: str(tmp_path / m.group(0)), f) for f in flags]
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)
-    assert match in message, message
+    # Only --data reads token ids from a .bin: no other option's refusal suggests one.
+    assert match in message and (".bin" not in message or "--data" in message), message
     assert capsys.readouterr().out == ""  # refused before printing anything
 
 
