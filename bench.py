@@ -1397,7 +1397,7 @@ def make_parser():
         add(f"--{mode}", type=cli.SECONDS, metavar="SECONDS", nargs="?", const=0.0,
             help=f"instead: train the default CPU config {what} this long (or --steps), in alternating rounds "
                  f"({HARNESSES[mode][1]} by default), and compare their val losses on the whole held-out split")
-    add("--steps", type=cli.AT_LEAST_1, metavar="N",
+    add("--steps", type=cli.number(int, lambda n: 1 <= n <= gpt.MANY, f"in [1, {gpt.MANY}]"), metavar="N",
         help="with a harness and no SECONDS: train each setting N steps, round r from seed S + r - 1 (S: 1337, or "
              "--set seed=S), and compare at equal steps (each one's steps a second still printed)")
     add("--runs", type=cli.AT_LEAST_1, metavar="N",
