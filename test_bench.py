@@ -413,11 +413,17 @@ def test_bench_copier_prints_its_rows_with_steps_a_second_val_loss_and_the_dtype
     assert re.search(r"mean val loss \d\.\d{4}, minus train.py's [+-]\d\.\d{4}$", out, re.M), out
 
 
-def test_bench_quality_trains_on_ids_as_train_py_does(tmp_path):
-    np_ids = torch.randint(0, 50, (20_000,), generator=torch.Generator().manual_seed(0)).to(torch.uint16).numpy()
-    np_ids.tofile(tmp_path / "ids.bin")  # read as a text, these bytes held NULs and were refused
-    q = bench.bench_quality(0.5, str(tmp_path / "ids.bin"))
-    assert q["iters"] >= 1 and math.log(50) - 0.5 < q["val_loss"] < math.log(50) + 1.0, q  # uniform ids: ln 50
+def test_bench_quality_reads_its_data_as_train_py_does(monkeypatch):
+    given = []
+
+    def run(tc, data_file, log):  # train.py's own run, which reads a DataFile as --data and --dtype say
+        given.append(data_file)
+        log("what context buys: ...")
+        return types.SimpleNamespace(it=3, history=[{"val": 1.5}]), None
+
+    monkeypatch.setattr(train, "run", run)
+    q = bench.bench_quality(0.5, "ids.bin", "uint32")
+    assert given == [data.DataFile("ids.bin", "uint32")] and (q["iters"], q["val_loss"]) == (3, 1.5)
 
 
 def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, capsys):
