@@ -453,7 +453,7 @@ def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, 
     (["--copier", "--steps", "0"], "must be in [1, 1000000000], got 0"),
     (["--copier", "--steps", "10000000000"], "--steps: must be in [1, 1000000000], got 10000000000"),  # not max_iters
     (["--candidates", "1", "--set", "seed"], "'seed': --set takes OPTION=VALUE"),  # not "seed must be int, got "
-    (["--profile", "--maps"], "--maps and --profile are two modes: give one at a time"),  # one of them was dropped
+    (["--profile", "--maps"], "--maps and --profile are two modes: give one at a time"),  # else one would be dropped
     (["--candidates", "1", "--nanogpt", "x"], "--candidates and --nanogpt are two modes"),
     (["--data", "x.txt"], "--data goes with --quality, --optimizers"),  # the speed benchmark reads none
     (["--maps", "--data", "x.txt"], "--data goes with --quality, --optimizers"),

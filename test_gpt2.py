@@ -178,7 +178,7 @@ def test_an_empty_init_from_is_refused_not_read_as_none_given(capsys, module):
 
 def test_a_header_of_many_names_is_checked_in_one_pass():
     names = [f"z{i}" for i in range(100_000)]
-    # Name by name, counting each in all of them, took minutes: an alarm makes that a failure.
+    # Name by name, counting each in all of them, would take minutes: an alarm makes that a failure.
     signal.signal(signal.SIGALRM, lambda *args: pytest.fail("a header of 100,000 names took over 60 s"))
     signal.alarm(60)
     try:
