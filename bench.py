@@ -288,8 +288,8 @@ def theirs_runs(fn):
     def call(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        # A GPU out of memory is the machine's limit, not the other model.py's fault.
-        except torch.OutOfMemoryError:
+        # Out of memory is the machine's limit, not the other model.py's fault.
+        except (torch.OutOfMemoryError, MemoryError):
             raise
         # Any error of its code, an assert or a division by zero too.
         except Exception as e:
@@ -1430,7 +1430,7 @@ def check_args(parser, args):
     harness = any(asked(args, mode) for mode in HARNESSES)
     # --quality --nanogpt DIR is one mode: the quality run beside nanoGPT's.
     modes = [f"--{mode}" for mode in MODES if asked(args, mode)]
-    if args.quality is not None and args.nanogpt:
+    if args.quality is not None and args.nanogpt is not None:
         modes.remove("--nanogpt")
     if len(modes) > 1:
         parser.error(f"{' and '.join(modes[:2])} are two modes: give one at a time")
@@ -1438,7 +1438,8 @@ def check_args(parser, args):
         parser.error("--data goes with --quality, --optimizers, --variants, --candidates or --copier")
     if args.dtype and args.data is None:
         parser.error("--dtype is the type of the ids in a .bin --data: give --data too")
-    args.data = args.data or "input.txt"
+    if args.data is None:
+        args.data = "input.txt"
     if args.quality is not None and bool(args.quality) == bool(args.nanogpt):
         parser.error("--quality takes SECONDS, or with --nanogpt DIR none: nanoGPT's recipe sets the time")
     if args.only and not asked(args, "optimizers"):

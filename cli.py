@@ -212,7 +212,7 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
                                                                          "size calculation overflow")):
         return f"out of memory ({first or type(error).__name__}): {advice}"
     # A full disk under what is printed (python sample.py > file): the write names no file, and the
-    # system's words are all it says.
+    # system's words are all it says (an error made here with ENOSPC has words of its own).
     if isinstance(error, OSError) and error.filename is None and error.strerror == os.strerror(errno.ENOSPC):
         return "no space left on the device the output goes to: free some, or send it elsewhere"
     # An OSError made here, (errno, message): the message, without its "[Errno N]".

@@ -186,7 +186,7 @@ def folder_of(source):
     if os.path.isdir(source):
         return source
     if source not in SIZES:
-        what = "a file, not a folder" if os.path.lexists(source) else "no such folder"
+        what = "there, and not a folder" if os.path.lexists(source) else "no such folder"
         raise ValueError(f"--init_from {source}: {what}, and not one of {', '.join(SIZES)}")
     try:
         import huggingface_hub
@@ -242,7 +242,8 @@ def read_weights(folder):
 
 # config.json's switches that change what a block computes, and the values of this model's block (tanh's GELU,
 # LayerNorm's eps of 1e-5, scores over sqrt(head size) in every layer).
-SAME_BLOCK = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
+SAME_BLOCK = {"activation_function": ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate"),
+              "layer_norm_epsilon": (1e-5,),
               "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,)}
 
 
@@ -262,12 +263,12 @@ def load(source, device=""):
         if not isinstance(config, dict):
             raise ValueError(f"its config.json holds a {type(config).__name__}, not an object of names")
         if config.get("model_type") != "gpt2":
-            raise ValueError(f"its config.json is of a {config.get('model_type')!r} model, not gpt2")
+            raise ValueError(f"its config.json is of a {shown(config.get('model_type'))} model, not gpt2")
         # The tensors set the model; config.json must tell the same story.
         keys = {"n_layer": "n_layer", "n_embd": "n_embd", "block_size": "n_positions",
                 "vocab_size": "vocab_size"}
         said = {name: config_size(config, key) for name, key in keys.items()}
-        other = [f"{key} {config[key]!r}" for key, kept in SAME_BLOCK.items()
+        other = [f"{key} {shown(config[key])}" for key, kept in SAME_BLOCK.items()
                  if key in config and config[key] not in kept]
         if other:
             raise ValueError(f"its config.json asks for another block than GPT-2's: {other[0]}")
@@ -282,8 +283,10 @@ def load(source, device=""):
             raise ValueError(f"its config.json disagrees with its weights: {', '.join(differ)}")
     except Exception as e:
         lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+        first = lines[0]
         # A state dict's error says on its second line which weight does not fit.
-        first = f"{lines[0]} {lines[1][:200]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+        if first.endswith(":") and len(lines) > 1:
+            first = f"{first} {lines[1][:200]}"
         raise ValueError(f"{folder} holds no GPT-2 this can load ({type(e).__name__}: {first}): pass "
                          f"--init_from a folder with config.json and model.safetensors") from None
     return model.to(device).eval()

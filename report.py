@@ -130,15 +130,23 @@ def attention_line(tokenizer, val, block_size, device):
     return torch.tensor([head[start:start + T]], device=device)
 
 
-# Unicode's controls, format marks (those that turn a line right to left among them), lone surrogates
-# and non-characters: a page would hide them, act on them, or fail to parse them.
-UNSEEN = ("Cc", "Cf", "Cs", "Cn")
+# Unicode's controls, lone surrogates and non-characters, which a page would act on or fail to parse,
+# and the marks that turn a line's direction, which would show a sample other than it is.
+UNSEEN = ("Cc", "Cs", "Cn")
+TURNS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def visible(text):
-    """text with each character of UNSEEN but the newline and the tab written as its escape, \x1b."""
-    return "".join(c if c in "\n\t" or unicodedata.category(c) not in UNSEEN
-                   else c.encode("unicode_escape").decode("ascii") for c in text)
+    """text with each character of UNSEEN (but a line's end and the tab) or TURNS written as its
+    escape, \x1b."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if hidden(c) else c for c in text)
+
+
+def hidden(c):
+    """Whether visible() writes c as its escape."""
+    if c in "\n\r\t":
+        return False
+    return c in TURNS or unicodedata.category(c) in UNSEEN
 
 
 def labels(tokenizer, ids):
@@ -147,7 +155,7 @@ def labels(tokenizer, ids):
     for i in ids:
         text = decode(tokenizer, [i]) if tokenizer is not None else str(i)
         text = text.replace("\n", "\u21b5").replace(" ", "\u2423").replace("\t", "\u21e5")
-        shown.append(visible(text)[:8])
+        shown.append(visible(text[:8]))
     return shown
 
 

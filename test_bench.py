@@ -21,6 +21,7 @@ from conftest import HERE, HANG, SWITCHES, TEXT, TINY, interrupted, one_line_err
 
 @pytest.mark.parametrize("flags, match", [
     (["--quality", "1", "--json", "FOLDER"], "cannot write"),  # before the run, not after it has measured for minutes
+    (["--candidates", "1", "--data", ""], "cannot read the data file"),  # "" is no file, not input.txt
     (["--nanogpt", "FOLDER"], "no model.py in"),
     (["--nanogpt", "EXITS"], "cannot import GPT and GPTConfig from"),
     (["--device", "meta"], "device 'meta' is unknown or not on this machine"),  # tensors without values
@@ -123,6 +124,12 @@ def test_bench_times_steps_with_either_optimizer_and_blames_the_other_model_py_f
     divides = types.SimpleNamespace(GPT=lambda config: 1 / 0, GPTConfig=NanoGPTConfig)  # any error of its own
     with pytest.raises(bench.TheirFault, match="^ZeroDivisionError: division by zero$"):
         bench.versus_nanogpt(divides, torch.device("cpu"))
+
+    def full():
+        raise MemoryError
+
+    with pytest.raises(MemoryError):  # the machine's limit, not their fault
+        bench.theirs_runs(full)()
 
     def out_of_memory():
         raise RuntimeError("out of memory")
@@ -457,6 +464,7 @@ def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, 
     (["--candidates", "1", "--nanogpt", "x"], "--candidates and --nanogpt are two modes"),
     (["--data", "x.txt"], "--data goes with --quality, --optimizers"),  # the speed benchmark reads none
     (["--maps", "--data", "x.txt"], "--data goes with --quality, --optimizers"),
+    (["--quality", "--nanogpt", ""], "--quality takes SECONDS, or with --nanogpt DIR none"),  # not "two modes"
     (["--candidates", "1", "--dtype", "uint32"], "--dtype is the type of the ids in a .bin --data: give --data too"),
 ])
 def test_the_harness_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):

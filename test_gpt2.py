@@ -167,7 +167,7 @@ def test_sample_py_refuses_a_gpt2_of_another_vocabulary_than_its_tokenizers(caps
 def test_init_from_a_file_says_it_is_one(tmp_path, capsys):
     (tmp_path / "model.safetensors").write_bytes(b"")
     message = one_line_error(capsys, sample, "--init_from", str(tmp_path / "model.safetensors"))
-    assert "model.safetensors: a file, not a folder, and not one of gpt2" in message, message
+    assert "model.safetensors: there, and not a folder, and not one of gpt2" in message, message
 
 
 @pytest.mark.parametrize("module", [train, sample])
@@ -179,7 +179,7 @@ def test_an_empty_init_from_is_refused_not_read_as_none_given(capsys, module):
 def test_a_header_of_many_names_is_checked_in_one_pass():
     names = [f"z{i}" for i in range(100_000)]
     # Name by name, counting each in all of them, would take minutes: an alarm makes that a failure.
-    signal.signal(signal.SIGALRM, lambda *args: pytest.fail("a header of 100,000 names took over 60 s"))
+    before = signal.signal(signal.SIGALRM, lambda *args: pytest.fail("a header of 100,000 names took over 60 s"))
     signal.alarm(60)
     try:
         assert len(json.loads(json.dumps(dict.fromkeys(names, 0)), object_pairs_hook=gpt2.unique_names)) == 100_000
@@ -187,7 +187,7 @@ def test_a_header_of_many_names_is_checked_in_one_pass():
             json.loads("{" + ", ".join(f'"{n}": 0' for n in [*names, "z7"]) + "}", object_pairs_hook=gpt2.unique_names)
     finally:
         signal.alarm(0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.signal(signal.SIGALRM, before)
 
 
 def test_gpt2s_tokens_without_tiktoken_or_transformers_are_one_line(tmp_path, capsys, monkeypatch):
@@ -288,11 +288,12 @@ def as_bin_without(name):
      "model.safetensors is damaged: tensor transformer.h.0.mlp.c_fc.weight lies at bytes"),
     (lambda folder: (folder / "model.safetensors").write_bytes(b"junk" * 100), "is cut short, or not a .safetensors"),
     (damage_config(n_layer=3), "its config.json disagrees with its weights: n_layer 3 (the tensors' 2)"),
-    (damage_config(model_type="llama"), "its config.json is of a 'llama' model, not gpt2"),
+    (damage_config(model_type="llama"), 'its config.json is of a "llama" model, not gpt2'),
     (as_bin_without("transformer.h.1.ln_2.bias"), "h.1.ln_2.bias is missing"),
     (lambda folder: os.remove(folder / "model.safetensors"), "pytorch_model.bin"),
-    (damage_config(activation_function="relu"), "asks for another block than GPT-2's: activation_function 'relu'"),
-    (damage_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx True"),
+    (damage_config(activation_function="relu"), "asks for another block than GPT-2's: activation_function \"relu\""),
+    (damage_config(layer_norm_epsilon=10 ** 400), "layer_norm_epsilon 10000000000000000000... (401 characters)"),
+    (damage_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx true"),  # as JSON has it
     (damage_config(layer_norm_epsilon=0.5), "layer_norm_epsilon 0.5"),
     (as_bin_with(lambda w: w.update({"transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 3)})),
      "size mismatch for h.1.mlp.c_fc.weight: copying a param with shape torch.Size([3, 64])"),
@@ -367,7 +368,7 @@ class Malicious:
     (damage_config(n_head=True), "gives n_head = true, not a whole number"),
     (damage_config(n_positions="64"), "gives n_positions = \"64\", not a whole number"),
     (lambda folder: (folder / "config.json").write_text("[1, 2]"), "its config.json holds a list, not an object"),
-    (damage_config(model_type=None), "its config.json is of a None model, not gpt2"),
+    (damage_config(model_type=None), "its config.json is of a null model, not gpt2"),
     (lambda folder: (folder / "config.json").write_text('{"n_layer": 2, "n_layer": 3}'),
      "the name 'n_layer' comes twice"),
     (damage_config(n_embd=10 ** 400), "disagrees with its weights: n_embd 10000000000000000000... (401 characters)"),

@@ -154,4 +154,6 @@ def test_the_page_shows_controls_and_marks_that_turn_text_as_escapes(tmp_path, c
     page = report_page(tmp_path / "out")
     assert "\x1b" not in page and "\u202e" not in page  # an escape to a terminal; a line turned right to left
     assert "\\x1b" in page and "\\u202e" in page  # in the sample and the attention maps' labels
-    assert report.visible("a\tb\nc\ud800\ufffe\u00e9") == "a\tb\nc\\ud800\\ufffe\u00e9"
+    assert report.visible("a\tb\r\nc\ud800\ufffe\u00e9") == "a\tb\r\nc\\ud800\\ufffe\u00e9"
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # joined as one: a mark of text, not of direction
+    assert report.visible(family) == family and report.labels(None, [5]) == ["5"]
