@@ -87,6 +87,19 @@ def encode_prompt(tokenizer, start):
     return tokenizer.encode(start)
 
 
+def draw_below(model, n):
+    """Makes model draw only ids below n, those GPT-2's tokenizer reads: a vocabulary padded past it
+    (nanoGPT pads 50,257 to 50,304) gets logits of -inf there. One of fewer, which would take a
+    prompt's ids it has no row for, is refused."""
+    V = model.config.vocab_size
+    if V < n:
+        raise ValueError(f"the model has a vocabulary of {V:,} tokens, fewer than GPT-2's tokenizer's "
+                         f"{n:,}: sample it from Python on ids below {V:,} (model.generate)")
+    if V > n:
+        padded = torch.arange(n, V, device=model.lm_head.weight.device)
+        model.lm_head.register_forward_hook(lambda module, args, logits: logits.index_fill(-1, padded, -math.inf))
+
+
 # The most tokens held back while their text ends inside a character: a few bytes' worth.
 HELD_BACK = 8
 
@@ -166,12 +179,8 @@ def main(argv=None):
             model, tokenizer, ckpt = checkpoint.load(path, device)
         if args.report:
             return write_report(model, tokenizer, ckpt, path, args, device)
-        # GPT-2's tokenizer reads its own 50,257 ids: a model of another vocabulary would take a
-        # prompt's ids it has no row for, or draw ids the tokenizer has no text for.
-        if isinstance(tokenizer, gpt2.Tokenizer) and model.config.vocab_size != tokenizer.vocab_size:
-            raise ValueError(f"the model has a vocabulary of {model.config.vocab_size:,} tokens and GPT-2's "
-                             f"tokenizer {tokenizer.vocab_size:,}: sample it from Python, in ids (the "
-                             f"README shows how)")
+        if isinstance(tokenizer, gpt2.Tokenizer):
+            draw_below(model, tokenizer.vocab_size)
         checkpoint.needs_tokenizer(tokenizer, path, ", so it cannot be decoded here: sample it from "
                                    "Python with your tokenizer (the README shows how)")
         start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else args.start

@@ -157,17 +157,19 @@ def test_sample_py_samples_gpt2_itself(capsys, gpt2_tokens):
     assert out == gpt2_tokens.decode(greedy[0].tolist()) + "\n"
 
 
-def test_sample_py_refuses_a_gpt2_of_another_vocabulary_than_its_tokenizers(capsys, monkeypatch, gpt2_tokens):
-    monkeypatch.setattr(gpt2.Tokenizer, "vocab_size", 300)  # as nanoGPT's 50,304 beside GPT-2's 50,257
+def test_sample_py_draws_only_ids_its_gpt2_tokenizer_reads(capsys, monkeypatch, gpt2_tokens):
+    model = gpt2.from_state_dict(fixture_weights(), n_head=2).eval()  # 256 tokens, the tokenizer's 200 below
+    sample.draw_below(model, 200)  # as nanoGPT pads GPT-2's 50,257 to 50,304
+    drawn = model.generate(torch.zeros(4, 1, dtype=torch.long), 100, temperature=3.0)
+    assert drawn.max() < 200 and drawn[:, 1:].unique().numel() > 50  # drawn from all the others
+    monkeypatch.setattr(gpt2.Tokenizer, "vocab_size", 200)
+    sample.main(["--init_from", FIXTURE, "--start", "Hi", "--max_new_tokens", "5", "--num_samples", "1", "--device",
+                 "cpu"])
+    assert capsys.readouterr().out.startswith("Hi")
+    monkeypatch.setattr(gpt2.Tokenizer, "vocab_size", 300)  # more than the model has rows for
     message = one_line_error(capsys, sample, "--init_from", FIXTURE, "--device", "cpu")
-    assert message.endswith("the model has a vocabulary of 256 tokens and GPT-2's tokenizer 300: sample it from "
-                            "Python, in ids (the README shows how)"), message
-
-
-def test_init_from_a_file_says_it_is_one(tmp_path, capsys):
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    message = one_line_error(capsys, sample, "--init_from", str(tmp_path / "model.safetensors"))
-    assert "model.safetensors: there, and not a folder, and not one of gpt2" in message, message
+    assert message.endswith("the model has a vocabulary of 256 tokens, fewer than GPT-2's tokenizer's 300: sample "
+                            "it from Python on ids below 256 (model.generate)"), message
 
 
 @pytest.mark.parametrize("module", [train, sample])
