@@ -5,8 +5,8 @@ edge cases. Bad input is refused where it arrives, in one line that says what is
 to do.
 """
 import argparse
-import errno
 import dataclasses
+import errno
 import os
 import sys
 

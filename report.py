@@ -138,7 +138,7 @@ TURNS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\
 
 def visible(text):
     """text with each character of UNSEEN (but a line's end and the tab) or TURNS written as its
-    escape, \x1b."""
+    escape, as \\x1b."""
     return "".join(c.encode("unicode_escape").decode("ascii") if hidden(c) else c for c in text)
 
 
