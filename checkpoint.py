@@ -213,7 +213,7 @@ def recorded_options(ckpt, path, advice):
             rule = cli.FIELDS[name].metadata
             reason = f"{name} must be in [{rule['min']}, {rule['max']}]"
             reason = str(e) if isinstance(e, ValueError) and len(str(e)) <= 100 else reason
-            raise ValueError(f"{path} records {name} = {shown(value)}, which no run could have ({reason}): "
+            raise ValueError(f"{path} records {name} = {cli.shown(value)}, which no run could have ({reason}): "
                              f"it is damaged or hand-made; {advice}") from None
         # A float option may have been recorded as a whole number.
         options[name] = float(value) if type(cli.FIELDS[name].default) is float else value
@@ -231,16 +231,6 @@ def recorded_options(ckpt, path, advice):
     if options and "short_context" not in recorded:
         options["short_context"] = 0.0
     return options
-
-
-def shown(value):
-    """value as a message shows it: its repr, or what it is where that would fill the line."""
-    text = repr(value)
-    if len(text) <= 40:
-        return text
-    if isinstance(value, int):
-        return f"an integer of {len(str(abs(value)))} digits"
-    return f"{text[:30]}... ({len(text)} characters)"
 
 
 def model_options(block_size, config, given, why, log):

@@ -48,6 +48,17 @@ def not_empty(text):
     return text
 
 
+def shown(value, text=None):
+    """value as a message shows it: text (by default its repr), or what it is where that would fill
+    the line (an integer may have 4,300 digits)."""
+    text = repr(value) if text is None else text
+    if len(text) <= 40:
+        return text
+    if isinstance(value, int):
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{text[:30]}... ({len(text)} characters)"
+
+
 def parse_bool(text):
     if text.lower() in ("1", "true", "yes", "on"):
         return True

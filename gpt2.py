@@ -20,6 +20,7 @@ import warnings
 
 import torch
 
+import cli
 import data
 import gpt
 
@@ -212,9 +213,8 @@ def config_size(config, name):
 
 
 def shown(value):
-    """value as config.json writes it, shortened where it would fill the line (4,300 digits may)."""
-    text = json.dumps(value)
-    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+    """value as config.json writes it, shortened as cli.shown shortens a value."""
+    return cli.shown(value, json.dumps(value))
 
 
 def read_weights(folder):

@@ -294,7 +294,7 @@ def as_bin_without(name):
     (as_bin_without("transformer.h.1.ln_2.bias"), "h.1.ln_2.bias is missing"),
     (lambda folder: os.remove(folder / "model.safetensors"), "pytorch_model.bin"),
     (damage_config(activation_function="relu"), "asks for another block than GPT-2's: activation_function \"relu\""),
-    (damage_config(layer_norm_epsilon=10 ** 400), "layer_norm_epsilon 10000000000000000000... (401 characters)"),
+    (damage_config(layer_norm_epsilon=10 ** 400), "layer_norm_epsilon an integer of 401 digits"),
     (damage_config(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx true"),  # as JSON has it
     (damage_config(layer_norm_epsilon=0.5), "layer_norm_epsilon 0.5"),
     (as_bin_with(lambda w: w.update({"transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 3)})),
@@ -373,8 +373,8 @@ class Malicious:
     (damage_config(model_type=None), "its config.json is of a null model, not gpt2"),
     (lambda folder: (folder / "config.json").write_text('{"n_layer": 2, "n_layer": 3}'),
      "the name 'n_layer' comes twice"),
-    (damage_config(n_embd=10 ** 400), "disagrees with its weights: n_embd 10000000000000000000... (401 characters)"),
-    (damage_config(n_embd=-10 ** 400), "n_embd = -1000000000000000000... (402 characters), not a whole number"),
+    (damage_config(n_embd=10 ** 400), "disagrees with its weights: n_embd an integer of 401 digits"),
+    (damage_config(n_embd=-10 ** 400), "n_embd = an integer of 401 digits, not a whole number"),
     (lambda folder: (folder / "config.json").write_text('{"model_type": "gpt2", "n_layer": 0}', encoding="utf-8-sig"),
      "n_layer = 0, not a whole number of at least 1"),  # read past its byte-order mark
     (lambda folder: (os.remove(folder / "model.safetensors"),
