@@ -834,6 +834,25 @@ def zero_head(config):
     return model
 
 
+def wider_init(blocks=None, embedding=None):
+    """(config) -> the default model with each block's matrices at std blocks / sqrt(inputs) in place of 0.02 (the
+    outputs added to the stream scaled down as gpt.py scales them) and the embedding at std embedding, each where given:
+    a Muon update's size is set by its rate, not by the weights, so small weights turn faster at first than large
+    ones (nanochat starts its matrices at 1 / sqrt(inputs), its embedding at 1)."""
+
+    def build(config):
+        model = gpt.GPT(config)
+        for name, p in model.h.named_parameters():
+            if blocks is not None and p.dim() == 2:
+                scale = 1 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj.weight") else 1.0
+                torch.nn.init.normal_(p, std=scale * blocks / math.sqrt(p.size(1)))
+        if embedding is not None:
+            torch.nn.init.normal_(model.wte.weight, std=embedding)
+        return model
+
+    return build
+
+
 class X0Block(torch.nn.Module):
     """A block whose input mixes the residual stream with x0, the token embedding, by two learned weights that
     start at (1, 0): the block as it is, until the embedding proves worth reading again (modded-nanogpt's)."""
@@ -1184,6 +1203,9 @@ CANDIDATES = {
     "Polar Express, Muon at 0.0086": Setting(changes=dict(muon_lr=0.0086), newton_schulz=polar_express),
     "AdamW's beta1 0.8": Setting(optimizers=adamw_beta1(0.8)),
     "value residual": Setting(model=value_residual),
+    "blocks' matrices at 1 / sqrt(inputs)": Setting(model=wider_init(1.0)),
+    "blocks' matrices at 0.5 / sqrt(inputs)": Setting(model=wider_init(0.5)),
+    "embedding at std 1": Setting(model=wider_init(embedding=1.0)),
     # 8 windows of 128 a step for the first 60% of the run, then 4 of 256, then 2 of 512.
     "windows of 512 for the last 15%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.85)),
