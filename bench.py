@@ -687,6 +687,17 @@ def half_the_rows_first(tc, done):
     return B, T
 
 
+def whole_windows_first(share):
+    """The default's windows with the whole context over the first share of the run too: half the context from
+    there until short_context, then the whole again. The model reads windows of its whole context from the start,
+    as nanoGPT's loss is measured, before the short windows teach it faster."""
+    def windows(tc, done):
+        if done < share:
+            return tc.batch_size, tc.block_size
+        return context_halved_before(tc.short_context)(tc, done)
+    return windows
+
+
 def relu_squared(config):
     """The MLP as nanochat and modded-nanogpt have it: two matrices, 4 * n_embd wide, relu(x)^2 between."""
     model = gpt.GPT(dataclasses.replace(config, mlp="gelu"))
@@ -1203,6 +1214,7 @@ CANDIDATES = {
     "Polar Express, Muon at 0.0086": Setting(changes=dict(muon_lr=0.0086), newton_schulz=polar_express),
     "AdamW's beta1 0.8": Setting(optimizers=adamw_beta1(0.8)),
     "value residual": Setting(model=value_residual),
+    "whole windows for the first 15%, half the context until 60%": Setting(windows=whole_windows_first(0.15)),
     "blocks' matrices at 1 / sqrt(inputs)": Setting(model=wider_init(1.0)),
     "blocks' matrices at 0.5 / sqrt(inputs)": Setting(model=wider_init(0.5)),
     "embedding at std 1": Setting(model=wider_init(embedding=1.0)),

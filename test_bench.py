@@ -351,15 +351,17 @@ def test_a_windows_candidate_draws_the_rows_and_context_it_names_at_each_share_o
     options = dict(n_layer=1, n_embd=16, n_head=2, block_size=16, batch_size=2, log=lambda line: None, steps=10)
     quarter = bench.CANDIDATES["a quarter of the context for the first 20%, half until 60%"].windows
     last_30 = bench.CANDIDATES["windows of 512 for the last 30%"].windows
+    whole_first = bench.CANDIDATES["whole windows for the first 15%, half the context until 60%"].windows
     own = bench.context_halved_before(gpt.TrainConfig.short_context)  # gpt.Trainer.batch's
-    for windows in (own, quarter, bench.half_the_rows_first, last_30):
+    for windows in (own, quarter, bench.half_the_rows_first, last_30, whole_first):
         shapes.clear()
         rows = bench.compare({"windows": bench.Setting(windows=windows)}, 0.0, str(tmp_path / "t.txt"), 1, **options)
         assert math.isfinite(rows[0]["val_loss"]) and gpt.Trainer.batch is real_batch
         assert shapes[:10] == {own: [(4, 8)] * 6 + [(2, 16)] * 4,
                                quarter: [(8, 4)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
                                bench.half_the_rows_first: [(2, 8)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4,
-                               last_30: [(8, 4)] * 6 + [(4, 8)] + [(2, 16)] * 3}[windows]
+                               last_30: [(8, 4)] * 6 + [(4, 8)] + [(2, 16)] * 3,
+                               whole_first: [(2, 16)] * 2 + [(4, 8)] * 4 + [(2, 16)] * 4}[windows]
 
 
 def test_float32_steps_leave_autocast_off_and_a_setting_of_muons_products_leaves_the_steps_autocast(monkeypatch):
@@ -769,6 +771,23 @@ def test_the_new_candidates_change_what_they_say_and_nothing_else():
     _, loss = model(idx, idx)
     loss.backward()
     assert all(block.lambdas.grad[1] != 0 for block in model.h)
+
+
+def test_wider_init_starts_the_weights_it_names_at_their_std_and_leaves_the_others_as_gpt_py_starts_them():
+    config = gpt.GPTConfig(vocab_size=50, n_layer=2, n_head=4, n_embd=256)
+    torch.manual_seed(0)
+    plain = dict(gpt.GPT(config).named_parameters())
+    both = dict(bench.wider_init(0.5, embedding=1.0)(config).named_parameters())
+    blocks = dict(bench.wider_init(0.5)(config).named_parameters())
+    embedding = dict(bench.wider_init(embedding=1.0)(config).named_parameters())
+    for name, p in both.items():
+        if name.startswith("h.") and p.dim() == 2:
+            scale = 0.5 if name.endswith("c_proj.weight") else 1.0  # 1 / sqrt(2 n_layer), as gpt.py scales it
+            assert abs(p.std() / (scale * 0.5 / p.size(1) ** 0.5) - 1) < 0.05, name
+            assert abs(embedding[name].std() / plain[name].std() - 1) < 0.05, name  # left at gpt.py's start
+    assert abs(both["wte.weight"].std() - 1.0) < 0.05 and abs(embedding["wte.weight"].std() - 1.0) < 0.05
+    assert abs(blocks["wte.weight"].std() / plain["wte.weight"].std() - 1) < 0.05
+    assert all(torch.equal(both[n], plain[n]) for n in plain if plain[n].dim() == 1)  # the norms' gains stay 1
 
 
 @pytest.mark.parametrize("name", [n for n, c in bench.CANDIDATES.items() if c.changes])
