@@ -848,8 +848,8 @@ def zero_head(config):
 def wider_init(blocks=None, embedding=None):
     """(config) -> the default model with each block's matrices at std blocks / sqrt(inputs) in place of 0.02 (the
     outputs added to the stream scaled down as gpt.py scales them) and the embedding at std embedding, each where given:
-    a Muon update's size is set by its rate, not by the weights, so small weights turn faster at first than large
-    ones (nanochat starts its matrices at 1 / sqrt(inputs), its embedding at 1)."""
+    a Muon update has the size its rate gives it whatever the weights' size, so the start sets how far the first
+    updates turn a matrix (nanochat starts its matrices at 1 / sqrt(inputs), its embedding at 1)."""
 
     def build(config):
         model = gpt.GPT(config)
