@@ -296,9 +296,6 @@ class GPT(nn.Module):
         # deep in the model.
         if idx.is_floating_point() or idx.ndim != 2:
             raise ValueError(f"idx must be integer ids (B, T), not {idx.dtype} {tuple(idx.shape)}")
-        # A negative temperature would turn the distribution upside down; NaN fails this too.
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be at least 0, not {temperature}")
         cache = KVCache(self.config)
         # The tokens the model conditions on: the last block_size of the prompt and the samples.
         context = idx[:, -self.config.block_size:]
@@ -320,6 +317,10 @@ class GPT(nn.Module):
 def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """A token (B, 1) for logits (B, vocab_size): the likeliest at temperature 0 (the first of any
     tied, with no draw), else drawn from the softmax of logits / temperature, filtered."""
+    # A negative temperature would turn the distribution upside down, and an infinite one tie
+    # every token, top_k's too; NaN fails this as well.
+    if not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be at least 0 and finite, not {temperature}")
     # In float32, as bfloat16 ties close logits. Temperature 0 would make the largest logit
     # 0 / 0: less their max and over 1e-30, the others go to -inf and the largest stays 0.
     logits = logits.float()
@@ -598,9 +599,10 @@ def token_ids(data, tc, vocab_size):
     # Over 10 x block_size ids, the held-out 10% holds a window and the id after it.
     if len(ids) <= 10 * tc.block_size:
         raise ValueError(f"data has {len(ids)} tokens: more than 10 * block_size are needed")
-    # An id past the vocabulary would fail at the first step, after the set-up.
-    if int(ids.max()) >= vocab_size:
-        raise ValueError(f"data has id {int(ids.max())}, past the vocabulary ({vocab_size})")
+    # An id past the vocabulary, or below 0, would fail at the first step that reads it.
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"data has ids {low} to {high}, not all in [0, {vocab_size})")
     return ids
 
 
@@ -689,6 +691,11 @@ class Trainer:
         """Trains, yielding after each step to the caller, who may log, check or stop; evaluates
         and saves every eval_interval steps and at the end."""
         tc = self.tc
+        # Windows past the model's context (a model given to __init__) would fail when the short
+        # ones end, late in the run: refused before the first step.
+        if self.model.config.block_size < tc.block_size:
+            raise ValueError(f"block_size {tc.block_size} is past the model's context, "
+                             f"{self.model.config.block_size}")
         # The clock goes on from where a resumed run stood.
         t0 = time.time() - self.elapsed
         while not self.done():
@@ -727,11 +734,13 @@ class Trainer:
             return
         if not all(p.isfinite().all() for p in self.model.parameters()):
             raise ValueError(f"NaN or inf weights at iteration {self.it}: lower learning_rate")
+        # load_checkpoint makes a CharTokenizer of chars again: those of another tokenizer
+        # would come back sorted, each id read as another character.
+        chars = self.tokenizer.chars if isinstance(self.tokenizer, CharTokenizer) else None
         ckpt = dict(model=self.model.state_dict(), config=asdict(self.model.config),
                     train_config=asdict(self.tc), iter=self.it, elapsed=self.elapsed,
-                    chars=getattr(self.tokenizer, "chars", None),
-                    tokenizer=getattr(self.tokenizer, "name", None), history=self.history,
-                    optimizers=[o.state_dict() for o in self.optimizers],
+                    chars=chars, tokenizer=getattr(self.tokenizer, "name", None),
+                    history=self.history, optimizers=[o.state_dict() for o in self.optimizers],
                     rng={"torch": torch.get_rng_state(), "batches": self.generator.get_state()},
                     **self.record)
         save_checkpoint(ckpt, os.path.join(self.tc.out_dir, CHECKPOINT))

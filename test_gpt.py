@@ -57,10 +57,11 @@ def test_code_lines_counts_code_alone():
 CARD_CODE_LINES = 390
 CARD_LINES = 600
 # What gpt.py holds today: its own Muon (a copier's step is train.py's), the checks of its options and
-# data, and plain code. Only a change that wins by measurement may grow it (docs/benchmarks.md says
-# what each bought); the card's size waits on a choice of what it holds.
-GPT_PY_CODE_LINES = 478
-GPT_PY_LINES = 745
+# data, and plain code. Only a change that wins by measurement (docs/benchmarks.md says what each
+# bought), or a check of what would otherwise go silently wrong or lose a run's work, may grow it;
+# the card's size waits on a choice of what it holds.
+GPT_PY_CODE_LINES = 482
+GPT_PY_LINES = 754
 
 
 def parents_of(tree):
@@ -544,6 +545,7 @@ def test_greedy_takes_the_first_of_tied_tokens_in_every_row_and_draws_nothing():
 
 @pytest.mark.parametrize("kwargs, checked", [
     (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=math.inf), "temperature"),
     (dict(temperature=None), None), (dict(temperature="0.8"), None), (dict(temperature=1j), None),
     (dict(top_k=0), "top_k"), (dict(top_k=True), "top_k"), (dict(top_k=2.5), None), (dict(top_k=float("nan")), None),
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
@@ -566,12 +568,22 @@ def test_bad_sampling_arguments_are_refused_before_the_first_token(kwargs, check
 def test_sampling_takes_every_kind_of_number_it_names():
     model = tiny_model()
     prompt = torch.zeros(1, 1, dtype=torch.long)
-    for temperature, top_p in ((1, 1), (0.5, 0.5), (np.float64(0.5), np.float64(0.5)), (0, None), (math.inf, None)):
+    for temperature, top_p in ((1, 1), (0.5, 0.5), (np.float64(0.5), np.float64(0.5)), (0, None), (1e30, None)):
         assert model.generate(prompt, 3, temperature=temperature, top_k=2, top_p=top_p).shape == (1, 4)
     assert model.generate(prompt, np.int64(3)).shape == (1, 4)
     # int32 ids, as a NumPy array of them becomes with torch.from_numpy.
     out = model.generate(torch.from_numpy(np.array([[1, 2]], dtype=np.int32)), 3, temperature=0)
     assert out.dtype == torch.int64 and torch.equal(out[:, :2], torch.tensor([[1, 2]]))
+
+
+def test_sample_itself_refuses_a_temperature_that_would_turn_or_flatten_the_distribution():
+    logits = torch.tensor([[5.0, 4.0, 3.0, -2.0]])
+    # Negative would draw the least likely first; infinite would tie every token, top_k's filter too.
+    for temperature in (-0.5, -1e9, math.inf, float("nan")):
+        with pytest.raises(ValueError, match="^temperature must be at least 0 and finite"):
+            gpt.sample(logits, temperature, top_k=2)
+    draws = gpt.sample(logits.expand(400, 4), 1e6, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(draws.flatten().tolist()) == {0, 1}  # a huge finite one is uniform over the top_k
 
 
 @pytest.mark.parametrize("prompt, checked", [
@@ -871,6 +883,26 @@ def test_a_tokenizer_of_your_own_trains_saves_loads_and_samples(tmp_path):
     assert ByteTokenizer().decode(ids[0].tolist()).startswith("ROMEO:")
 
 
+def test_a_tokenizer_of_your_own_with_chars_in_its_own_order_is_not_saved_as_a_char_tokenizer(tmp_path):
+    class Reversed:
+        """A tokenizer of another kind with characters in an order of its own: a CharTokenizer made of them
+        again would sort them."""
+        def __init__(self, text):
+            self.chars = gpt.CharTokenizer(text).chars[::-1]
+            self.vocab_size = len(self.chars)
+
+        def encode(self, text):
+            return [self.chars.index(c) for c in text]
+
+    tokenizer = Reversed(TEXT)
+    gpt.train(tiny_train_config(tmp_path, max_iters=2, eval_interval=2), TEXT, tokenizer=tokenizer, log=quiet)
+    _, loaded, ckpt = gpt.load_checkpoint(str(tmp_path / "out" / "ckpt.pt"), "cpu")
+    assert ckpt["chars"] is None and loaded is None  # not a CharTokenizer that reads each id as another character
+    gpt.train(tiny_train_config(tmp_path / "chars", max_iters=2, eval_interval=2), TEXT, log=quiet)
+    _, loaded, ckpt = gpt.load_checkpoint(str(tmp_path / "chars" / "out" / "ckpt.pt"), "cpu")
+    assert loaded.decode(loaded.encode("ROMEO:")) == "ROMEO:" and ckpt["chars"] == gpt.CharTokenizer(TEXT).chars
+
+
 def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path):
     path = tmp_path / "train.bin"
     np.array([i % 300 for i in range(20_000)], dtype=np.uint16).tofile(path)
@@ -894,8 +926,12 @@ def test_a_memmap_of_uint16_ids_trains_without_being_read_whole(tmp_path):
             return len(self.ids)
 
         def max(self):
-            # The largest id, which the trainer checks against the vocabulary: NumPy streams a memmap through it.
+            # The largest and the smallest id, which the trainer checks against the vocabulary: NumPy streams a
+            # memmap through each.
             return self.ids.max()
+
+        def min(self):
+            return self.ids.min()
 
         def __getitem__(self, index):
             if isinstance(index, slice):
@@ -947,12 +983,30 @@ def test_the_trainer_refuses_data_that_is_not_enough_1d_integer_ids_when_it_is_b
         assert refused.type is ValueError and str(refused.value).startswith("data "), refused.value
 
 
-def test_the_trainer_refuses_ids_past_the_vocabulary_when_it_is_built(tmp_path, monkeypatch):
+def test_the_trainer_refuses_ids_past_the_vocabulary_or_below_0_when_it_is_built(tmp_path, monkeypatch):
     monkeypatch.setattr(gpt, "GPT", None)  # refused before a model is built
     tc = tiny_train_config(tmp_path, block_size=16, vocab_size=13)
     for ids in (IDS + 1, (IDS + 1).numpy().astype(np.uint16), (IDS + 1).tolist()):
-        with pytest.raises(ValueError, match=r"^data has id 13, past the vocabulary \(13\)$"):
+        with pytest.raises(ValueError, match=r"^data has ids 1 to 13, not all in \[0, 13\)$"):
             gpt.Trainer(tc, ids, log=quiet)
+    # Bytes 128 to 255 kept as int8 read as negative ids: one would fail the step that first drew it.
+    wrapped = IDS.numpy().astype(np.int8)
+    wrapped[1234] = -3
+    for ids in (wrapped, torch.from_numpy(wrapped), wrapped.tolist()):
+        with pytest.raises(ValueError, match=r"^data has ids -3 to 12, not all in \[0, 13\)$"):
+            gpt.Trainer(tc, ids, log=quiet)
+
+
+def test_the_trainer_refuses_a_model_of_a_shorter_context_than_its_windows(tmp_path):
+    # The short windows of the run's first 60% would fit it; the whole ones after would not.
+    tc = tiny_train_config(tmp_path, block_size=16, vocab_size=13)
+    trainer = gpt.Trainer(tc, IDS, model=gpt.GPT(tc.model_config(block_size=8)), log=quiet)
+    with pytest.raises(ValueError, match=r"^block_size 16 is past the model's context, 8$"):
+        next(trainer.steps())
+    assert trainer.it == 0 and not os.listdir(tmp_path / "out")  # before the first step and its checkpoint
+    longer = gpt.GPT(tc.model_config(block_size=32))  # a longer one reads the windows as they are
+    trainer = gpt.Trainer(tc, IDS, model=longer, log=quiet)
+    assert next(trainer.steps()).it == 1 and trainer.model is longer
 
 
 def test_the_trainer_takes_just_enough_integer_ids_of_any_width(tmp_path):
