@@ -123,9 +123,10 @@ def layer_gradients(forward, backward, inputs, params, seed=0):
     def loss():
         return float(np.sum(run_forward()[0] * dout))
 
-    # None for an input without a gradient: the embedding's integer indices.
+    # None for an input without a gradient: the embedding's integer indices. Any other None is
+    # a row of its own that says so.
     pairs = [(name, value, grad) for (name, value), grad in zip(inputs.items(), dxs)
-             if grad is not None]
+             if grad is not None or np.asarray(value).dtype.kind == "f"]
     # A parameter's gradient the backward did not give is None: the check says so on its row.
     pairs += [(key, params[key], dparams.get(key)) for key in params]
     found = []

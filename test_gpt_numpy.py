@@ -1503,3 +1503,69 @@ def test_a_text_too_big_for_the_memory_is_one_line(twin_dir):
     done = run_cli("gpt_numpy.py", str(text), "--seconds", "1", cwd=twin_dir,
                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     assert_one_line(done, f"error: out of memory reading {text}: give a smaller text")
+
+
+@pytest.mark.parametrize("dx, says", [
+    (lambda right: right + 1j, "dx holds complex128 values, not real floats"),
+    (lambda right: right.tolist(), "dx is a list, not a NumPy array"),
+    (lambda right: np.ma.masked_array(right, mask=right > 0), "dx is a MaskedArray, not a NumPy array"),
+    (lambda right: right.astype(str), "dx holds <U"),
+    (lambda right: None, "dx is None")])
+def test_a_gradient_that_is_no_array_of_real_floats_is_an_error_at_its_own_row_and_no_pass(dx, says):
+    # A complex one was cast to its real part and passed; the others failed in the check's own code.
+    rows = check_linear(lambda dout, saved: (lambda d, p: (dx(d), p))(*gpt_numpy.linear_backward(dout, saved)))
+    assert [(n, r.verdict) for n, r in rows.items()] == [("x", "ERROR"), ("weight", "ok"), ("bias", "ok")]
+    assert rows["x"].raised.startswith(says), rows["x"].raised
+    rows = check_linear(linear_like(lambda d: {**d, "weight": d["weight"] + 1j}))
+    assert rows["weight"].raised == "dweight holds complex128 values, not real floats"
+
+
+def test_a_model_gradient_that_is_no_array_of_real_floats_or_under_no_name_is_an_error_row(monkeypatch):
+    right = gpt_numpy.GPT.backward
+    for slip, row, says in ((lambda g: {**g, "wte.weight": g["wte.weight"] + 1j}, "wte.weight",
+                             "the gradient of wte.weight holds complex128 values, not real floats"),
+                            (lambda g: {**g, "wte.weight": g["wte.weight"].tolist()}, "wte.weight",
+                             "the gradient of wte.weight is a list, not a NumPy array"),
+                            (lambda g: {**g, 5: g["wte.weight"]}, "5",
+                             "a gradient for 5, which the model does not have")):
+        monkeypatch.setattr(gpt_numpy.GPT, "backward", lambda self, activations=False, slip=slip: slip(right(self)))
+        lines = []
+        assert not workbook.check(log=lines.append, only="model")
+        bad = {n: v for n, v in verdicts(lines).items() if v != "ok"}
+        assert bad == {f"model ({block}): {row}": "ERROR" for block in ("gpt2", "llama")}, bad
+        assert sum(line.endswith(says) for line in lines) == 2, lines
+
+
+def test_an_exercise_copy_cut_short_is_not_kept_and_a_folder_in_its_place_is_not_work(twin_dir):
+    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+    import resource
+    # A file size limit stands in for a full disk: the copy is cut short, and goes.
+    done = subprocess.run([sys.executable, "gpt_numpy.py", "--exercise", "23"], cwd=twin_dir, capture_output=True,
+                          text=True, timeout=HANG, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                                        (8192, 8192)))
+    assert_one_line(done, "cannot write exercise_23.py", "(File too large)")
+    assert not (twin_dir / "exercise_23.py").exists()
+    assert "Exercise 23 of" in run_cli("gpt_numpy.py", "--exercise", "23", cwd=twin_dir).stdout
+    (twin_dir / "exercise_24.py").mkdir()
+    assert_one_line(run_cli("gpt_numpy.py", "--exercise", "24", cwd=twin_dir),
+                    "exercise_24.py is there and is not a file: move it away, then run --exercise 24 again")
+    os.mkfifo(twin_dir / "exercise_21.hint")  # reading it would wait for a writer for ever
+    assert_one_line(run_cli("gpt_numpy.py", "--exercise", "21", "--hint", cwd=twin_dir),
+                    "exercise_21.hint is there and is not a file")
+
+
+def test_workbook_py_alone_says_what_it_takes(twin_dir):
+    assert_one_line(run_cli("workbook.py", cwd=twin_dir), "takes the path of your copy of gpt_numpy.py first")
+    done = run_cli("workbook.py", "--help", cwd=twin_dir)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python workbook.py exercise_N.py"), done
+
+
+def test_the_demo_of_a_copy_that_raises_is_one_line_naming_its_line(twin_dir):
+    shutil.copy(Path(HERE, "workbook.json"), twin_dir / "workbook.json")
+    assert run_cli("gpt_numpy.py", "--exercise", "24", cwd=twin_dir).returncode == 0  # its body not written
+    (twin_dir / "text.txt").write_text(TEXT[:20_000], encoding="utf-8")
+    done = run_cli("exercise_24.py", "text.txt", "--seconds", "1", cwd=twin_dir)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.fullmatch(r"error: the model raised NotImplementedError: softmax_backward: .* \(in softmax_backward, "
+                        r"exercise_24\.py:\d+\): python exercise_24\.py --check finds the first wrong piece\n",
+                        done.stderr), done.stderr

@@ -263,6 +263,13 @@ def raised_here(error, twin, function=None):
     return said
 
 
+def passed_through(error, twin):
+    """Whether error was raised in, or passed through, twin's file (the learner's code)."""
+    source = os.path.abspath(getattr(twin, "__file__", "") or "")
+    return any(os.path.abspath(frame.filename) == source
+               for frame in traceback.extract_tb(error.__traceback__))
+
+
 def learners_function(twin):
     """The function whose body a learner writes in twin, an exercise's copy (exercise_N.py), as
     the workbook names it ("GPT.backward"); None for any other file."""
@@ -327,16 +334,32 @@ def watched(backward, changed, named=(), returned_arrays=None):
     return watching
 
 
-def layer_rows(found, given, tolerance, scale):
+def not_a_gradient(label, grad):
+    """Why grad, called label, cannot be compared as a gradient: it is not a NumPy array (a list,
+    a torch tensor, a masked array) or holds no real floats (complex, int, str); None where it
+    can be."""
+    if grad is None:
+        return f"{label} is None"
+    if not (type(grad) is np.ndarray or isinstance(grad, np.generic)):
+        return f"{label} is a {type(grad).__name__}, not a NumPy array"
+    if grad.dtype.kind != "f":
+        return f"{label} holds {grad.dtype} values, not real floats"
+    return None
+
+
+def layer_rows(found, given, tolerance, scale, inputs=()):
     """The Rows of layer_gradients' found pairs: each gradient against its finite differences;
     where one is missing, of another shape or the backward gave a parameter not there, a row
     that says so, and the others still compared."""
     numerics = {name: numeric for name, _, numeric in found}
     rows = []
     for name, grad, numeric in found:
-        if grad is None:
+        if grad is None and name not in given and name not in inputs:
             got = ", ".join(given) or "nothing"
             rows.append(Row(name, raised=f"no gradient for {name}; the backward gave {got}"))
+            continue
+        if not_a_gradient(f"d{name}", grad):
+            rows.append(Row(name, raised=not_a_gradient(f"d{name}", grad)))
             continue
         if np.shape(grad) != numeric.shape:
             # A gradient of another shape could broadcast against the reference, unnoticed.
@@ -395,7 +418,7 @@ def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **
     # A gradient that is zero in exact arithmetic holds rounding noise alone, in float32 far more
     # than in float64: each is judged against the largest gradient of the layer, not its own.
     scale = max((np.abs(numeric).max(initial=0) for _, _, numeric in found), default=0) / 10
-    rows = layer_rows(found, given, tolerance_for(tolerance, returned_arrays), scale)
+    rows = layer_rows(found, given, tolerance_for(tolerance, returned_arrays), scale, inputs)
     for key in given:
         if key not in params:
             rows.append(Row(key, raised=f"a gradient for {key}, which the layer does not have "
@@ -568,7 +591,7 @@ def key_rows(block, params, grads, meant):
     given = [key for key in grads if key not in params]
     # Each key that names no tensor, by the tensor it is nearest to: the one it meant.
     for key in given:
-        near = difflib.get_close_matches(key, list(params), 1, 0.8)
+        near = difflib.get_close_matches(key, list(params), 1, 0.8) if isinstance(key, str) else []
         if near and key not in meant:
             meant[key] = near[0]
     rows = {}
@@ -577,12 +600,15 @@ def key_rows(block, params, grads, meant):
         if name not in grads or typo:
             got = f"got {typo[0]}" if typo else f"GPT.backward gave no key {name}"
             rows[name] = Row(f"model ({block}): {name}", raised=f"no gradient for {name}; {got}")
+        elif not_a_gradient(f"the gradient of {name}", grads[name]):
+            rows[name] = Row(f"model ({block}): {name}",
+                             raised=not_a_gradient(f"the gradient of {name}", grads[name]))
         elif np.shape(grads[name]) != params[name].shape:
             rows[name] = Row(f"model ({block}): {name}", raised=f"the gradient of {name} has the "
                              f"shape {np.shape(grads[name])}, not {params[name].shape}")
     for key in given:
         if key not in meant:
-            rows[key] = Row(f"model ({block}): {key}", raised=f"a gradient for {key}, which the "
+            rows[key] = Row(f"model ({block}): {key}", raised=f"a gradient for {key!r}, which the "
                                                               f"model does not have")
     return rows
 
@@ -760,6 +786,9 @@ def check_forward(block, switches, tolerance=1e-6, twin=gpt_numpy):
     except (Exception, SystemExit) as e:
         rows.append(Row(name + "causality", raised=raised_here(e, twin)))
     try:
+        # A FIFO there would wait for a writer for ever.
+        if not os.path.isfile(KNOWN_LOGITS):
+            raise OSError(0, "it is not a file: copy fixtures/twin_logits.json beside workbook.py")
         with open(KNOWN_LOGITS, encoding="utf-8") as f:
             known = np.array(json.load(f)["logits"][block])
         rows.append(compared(name + "known logits", logits, known, tolerance, versus="gpt.py's"))
@@ -806,6 +835,8 @@ def stage_rows(name, ex, forward, x, params, tolerance, twin):
         if var not in yours:
             said = f" (it raised {raised_here(raised, twin, function)})" if raised else ""
             rows.append(Row(row_name, raised=f"{function} ended without a value named {var}{said}"))
+        elif not_a_gradient(var, yours[var]) and not not_a_gradient(var, reference[var]):
+            rows.append(Row(row_name, raised=not_a_gradient(var, yours[var])))
         elif np.shape(yours[var]) != np.shape(reference[var]):
             rows.append(Row(row_name, raised=f"{var} has the shape {np.shape(yours[var])}, not "
                                              f"{np.shape(reference[var])}"))
@@ -1108,6 +1139,10 @@ def next_hint(number, twin=gpt_numpy, upto=None):
     folder = next((f for f in folders if os.path.lexists(os.path.join(f, copy_name(number)))),
                   next((f for f in folders if writable(f)), folders[0]))
     path = os.path.join(folder, f"exercise_{number}.hint")
+    # A folder or a FIFO there (reading one waits for a writer for ever) keeps no count.
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ValueError(f"{shown(path)} is there and is not a file: move it away, then ask "
+                         f"again")
     if upto is None:
         try:
             with open(path, encoding="utf-8") as f:
@@ -1233,20 +1268,30 @@ def start_exercise(number, twin=gpt_numpy):
     ex = exercises()[number - 1]
     folders = list(dict.fromkeys([os.path.dirname(os.path.abspath(twin.__file__)), os.getcwd()]))
     for folder in folders:
-        if os.path.lexists(os.path.join(folder, copy_name(number))):
-            return os.path.join(folder, copy_name(number)), False
+        path = os.path.join(folder, copy_name(number))
+        # A folder, a FIFO or a link to nothing there holds no work of a learner's.
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise ValueError(f"{shown(path)} is there and is not a file: move it away, then run "
+                             f"--exercise {number} again")
+        if os.path.lexists(path):
+            return path, False
     with open(twin.__file__, encoding="utf-8") as f:
         source = exercise_source(f.read(), number)
     reasons = []
     for folder in folders:
         path = os.path.join(folder, copy_name(number))
+        made = False
         try:
             if not writable(folder):
                 raise OSError(0, "it is read-only")
             with open(path, "x", encoding="utf-8") as f:
+                made = True
                 f.write(source)
             return path, True
         except OSError as e:
+            # A copy cut short (a full disk) is no learner's work, and would be kept as theirs.
+            if made:
+                os.remove(path)
             reasons.append(f"{folder} ({e.strerror})")
     raise ValueError(f"cannot write {copy_name(number)} in {' nor in '.join(reasons)}: run it from "
                      f"a folder you may write to")
@@ -1322,9 +1367,17 @@ def twin_problem(twin):
     return f"its GPTConfig has no field {missing[0]}" if missing else None
 
 
+# The demo's batch: rows of a context of this many characters.
+DEMO_ROWS, DEMO_CONTEXT = 16, 64
+
+
 def main(argv=None, twin=gpt_numpy):
     """The command line of python gpt_numpy.py, run on twin: gpt_numpy itself or a learner's copy
     of it, whose --check grades the copy."""
+    # A character stdout cannot encode (a path's, on an ASCII terminal) prints as an escape, not
+    # an error.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     parser = Parser(description="The NumPy twin: check its gradients, or train a tiny GPT with "
                                 "NumPy alone.")
     # No defaults here: None tells that --check or --exercise was given a training input.
@@ -1415,9 +1468,6 @@ def main(argv=None, twin=gpt_numpy):
             return
         print(exercise_text(number, args.answer))
         return
-    # A character stdout cannot encode prints as an escape, not an error.
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")
     if args.check:
         only = None if args.check is True else args.check
         stale(twin)
@@ -1435,9 +1485,8 @@ def main(argv=None, twin=gpt_numpy):
         sys.exit(0 if passed else 1)
     path = "input.txt" if args.path is None else args.path
     seconds = 60 if args.seconds is None else args.seconds
-    B, T = 16, 64
     try:
-        text = read_text(path, T)
+        text = read_text(path, DEMO_CONTEXT)
         chars = sorted(set(text))
         stoi = {ch: i for i, ch in enumerate(chars)}
         # Straight into the array: a list of the ids first would take twice the memory.
@@ -1447,6 +1496,22 @@ def main(argv=None, twin=gpt_numpy):
     except MemoryError:
         sys.exit(f"error: out of memory reading {path}: give a smaller text (a few MB is "
                  f"more than a minute's training reads)")
+    stale(twin)
+    try:
+        demo(twin, data, chars, stoi, path, seconds)
+    # A learner's copy that raises (a body not yet written, a shape slip): one line that says
+    # where, as --train says it; the output's own failures are run()'s to say.
+    except (Exception, SystemExit) as e:
+        if isinstance(e, OSError) and not passed_through(e, twin):
+            raise
+        sys.exit(f"error: the model raised {raised_here(e, twin, learners_function(twin))}: "
+                 f"python {shown(twin.__file__)} --check finds the first wrong piece")
+
+
+def demo(twin, data, chars, stoi, path, seconds):
+    """Trains twin's GPT on data (ids of chars, read from path) for seconds with AdamW, printing
+    as it goes, then shows its val loss and a sample."""
+    B, T = DEMO_ROWS, DEMO_CONTEXT
     n = int(0.9 * len(data))
     config = twin.GPTConfig(vocab_size=len(chars), block_size=T, n_layer=2, n_head=4, n_embd=64)
     model = twin.GPT(config, twin.init_params(config))
@@ -1573,6 +1638,14 @@ def quiet_stdout():
 def run_copy(argv):
     """python workbook.py COPY [--check NAME | ...]: runs COPY, a learner's copy of gpt_numpy.py made
     where workbook.py is not, as python COPY would run it beside workbook.py."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: python workbook.py exercise_N.py [what python gpt_numpy.py takes]: runs your "
+              "copy of gpt_numpy.py, made where workbook.py is not, as python exercise_N.py would "
+              "run beside it; python gpt_numpy.py --help lists what it takes")
+        sys.exit(0)
+    if not argv:
+        sys.exit("error: python workbook.py takes the path of your copy of gpt_numpy.py first "
+                 "(exercise_N.py): python workbook.py --help says more")
     path = argv[0]
     if not (path.endswith(".py") and os.path.isfile(path)):
         sys.exit(f"error: python workbook.py takes the path of your copy of gpt_numpy.py first "
