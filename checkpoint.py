@@ -296,6 +296,11 @@ def data_as_recorded(ckpt, data_file, path, advice):
     if not (isinstance(recorded, dict) and recorded.get("read_as") in kinds):
         raise ValueError(f"{path} records its data as {recorded!r}: it is damaged or hand-made; {advice}")
     was = recorded["read_as"]
+    # --data left out reads input.txt: a run trained on another file would go on with it in silence.
+    if not data_file.named and "bytes" in recorded and not same_file(data_file.path, recorded):
+        raise ValueError(f"{path} was trained on another file than {data_file.path}, which --data "
+                         f"reads when it is left out: give --data the file it trained on (or --data "
+                         f"{data_file.path} to go on with this one)")
     if data.is_ids(data_file) and data_file.dtype is None and was in data.ID_DTYPES:
         data_file = dataclasses.replace(data_file, dtype=was)
     now = (data_file.dtype or "uint16") if data.is_ids(data_file) else "text"
@@ -487,9 +492,9 @@ def check_out_dir(out_dir):
         # The lock is read and cut back to its holder's line: a pipe, a device or a link to
         # nothing there would hang the run or fail in words of its own.
         lock = os.path.join(out_dir, "train.lock")
-        if os.path.lexists(lock) and not os.path.isfile(lock):
-            raise ValueError(f"cannot lock {out_dir} ({lock} is there, and not a file): remove it, or "
-                             f"pass --out_dir a writable folder")
+        if os.path.lexists(lock) and not (os.path.isfile(lock) and not linked(lock)):
+            raise ValueError(f"cannot lock {out_dir} ({lock} is there, and not a file of its own): "
+                             f"remove it, or pass --out_dir a writable folder")
     except OSError as e:
         # makedirs says only "File exists" of a file, a loop of links or a link to nothing where
         # the folder should be.
@@ -510,7 +515,15 @@ def unsavable(name):
         return "a link to nothing, or a loop of links"
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
         return "a pipe or a socket"
+    if stat.S_ISREG(mode) and linked(name):
+        return "a link to a file elsewhere, which a save would write over"
     return ""
+
+
+def linked(name):
+    """Whether the file at name is also elsewhere: a link to it, or one of its several names. Opened
+    for writing there, it would be written over where it also is (another run's checkpoint)."""
+    return os.path.islink(name) or os.stat(name).st_nlink > 1
 
 
 def check_new(path):

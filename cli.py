@@ -42,9 +42,9 @@ def number(kind, ok, rule):
 
 
 def not_empty(text):
-    """argparse's type for a folder or a name, of which "" is none (and would be read as not given)."""
+    """argparse's type for a path or a name, of which "" is none (and would be read as not given)."""
     if not text:
-        raise argparse.ArgumentTypeError("is empty: give a folder, or a name such as gpt2")
+        raise argparse.ArgumentTypeError("is empty: give a path, or a name where one is taken")
     return text
 
 

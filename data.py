@@ -162,7 +162,8 @@ class DataFile:
     path: str
     # None: not given, uint16 for a file of ids; given with a text, it is refused, never dropped.
     dtype: str = None
-
+    # False: --data left out, this its default; a resumed run then takes no other file in silence.
+    named: bool = True
 
 
 # The bytes a file's fingerprint reads at each end: cheap at any size.

@@ -105,6 +105,27 @@ def test_a_resume_keeps_the_checkpoints_tokenizer_whatever_its_data(tmp_path, ca
     assert ckpt["iter"] == 4 and ckpt["tokenizer"] == "bytes"
 
 
+def test_a_resume_with_data_left_out_takes_input_txt_only_where_the_run_trained_on_it(tmp_path, capsys, monkeypatch):
+    # Without --data and --out_dir, which are given here as a user types them, from the folder of input.txt.
+    flags = [flag for flag in tiny_flags(tmp_path, max_iters=2, eval_interval=2)[2:] if "--out_dir" not in flag]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text(TEXT, encoding="utf-8")
+    (tmp_path / "input.txt").write_text(TEXT[:len(TEXT) // 2] * 2, encoding="utf-8")  # the same characters
+    train.main([*flags, "--out_dir", "out", "--data", "mine.txt"])
+    kept = (tmp_path / "out" / "ckpt.pt").read_bytes()
+    message = one_line_error(capsys, train, *flags, "--out_dir", "out", "--resume", "--max_iters", "4")
+    assert message == ("error: out/ckpt.pt was trained on another file than input.txt, which --data reads when it "
+                       "is left out: give --data the file it trained on (or --data input.txt to go on with this "
+                       "one)"), message
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == kept
+    train.main([*flags, "--out_dir", "out", "--resume", "--max_iters", "4", "--data", "input.txt"])  # named: taken
+    train.main([*flags, "--out_dir", "out", "--resume", "--max_iters", "6", "--data", "mine.txt"])
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 6
+    train.main([*flags, "--out_dir", "own"])  # a run of input.txt resumes without --data
+    train.main([*flags, "--out_dir", "own", "--max_iters", "4", "--resume"])
+    assert torch.load(tmp_path / "own" / "ckpt.pt", weights_only=True)["iter"] == 4
+
+
 def test_resume_and_report_read_a_bin_as_the_run_read_it_and_refuse_another_type_for_the_same_file(tmp_path,
                                                                                                    capsys):
     ids = tmp_path / "ids.bin"
@@ -654,22 +675,31 @@ def test_a_folder_where_the_run_writes_a_file_is_refused_before_training(tmp_pat
     assert not (tmp_path / "out" / "ckpt.pt").exists() and "iter 1" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["a pipe", "a link to nothing"])
-def test_a_lock_that_is_not_a_file_is_refused_before_training(tmp_path, capsys, kind):
+@pytest.mark.parametrize("kind", ["a pipe", "a link to nothing", "a link to a file", "another name of a file"])
+def test_a_lock_that_is_not_a_file_of_its_own_is_refused_before_training(tmp_path, capsys, kind):
     lock = tmp_path / "out" / "train.lock"
     lock.parent.mkdir()
+    elsewhere = tmp_path / "another run's ckpt.pt"
+    elsewhere.write_bytes(b"weights")
     if kind == "a pipe":
         os.mkfifo(lock)
-    else:
+    elif kind == "a link to nothing":
         lock.symlink_to(tmp_path / "nowhere")
+    elif kind == "a link to a file":
+        lock.symlink_to(elsewhere)  # the lock, cut back to its holder's line, would cut the file it names
+    else:
+        os.link(elsewhere, lock)
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
-    assert f"({lock} is there, and not a file): remove it, or pass --out_dir a writable folder" in message
-    assert not (tmp_path / "out" / "ckpt.pt").exists()
+    assert f"({lock} is there, and not a file of its own): remove it, or pass --out_dir a writable folder" in message
+    assert not (tmp_path / "out" / "ckpt.pt").exists() and elsewhere.read_bytes() == b"weights"
 
 
 @pytest.mark.parametrize("kind, what", [("a pipe", "a pipe or a socket"), ("a socket", "a pipe or a socket"),
                                         ("a link to nothing", "a link to nothing, or a loop of links"),
-                                        ("a loop of links", "a link to nothing, or a loop of links")])
+                                        ("a loop of links", "a link to nothing, or a loop of links"),
+                                        ("a link to a file", "a link to a file elsewhere, which a save would write over"),
+                                        ("another name of a file",
+                                         "a link to a file elsewhere, which a save would write over")])
 def test_what_a_save_cannot_write_through_is_refused_before_training(tmp_path, capsys, monkeypatch, kind, what):
     tmp = tmp_path / "out" / "ckpt.pt.tmp"
     tmp.parent.mkdir()
@@ -679,6 +709,12 @@ def test_what_a_save_cannot_write_through_is_refused_before_training(tmp_path, c
         monkeypatch.chdir(tmp.parent)  # a socket's path has room for about 100 bytes
         with socket.socket(socket.AF_UNIX) as s:
             s.bind(tmp.name)
+    elif kind == "a link to a file":
+        tmp.symlink_to(tmp_path / "another run's ckpt.pt")  # the first save would write over it
+        (tmp_path / "another run's ckpt.pt").write_bytes(b"weights")
+    elif kind == "another name of a file":
+        (tmp_path / "another run's ckpt.pt").write_bytes(b"weights")
+        os.link(tmp_path / "another run's ckpt.pt", tmp)
     else:
         tmp.symlink_to(tmp_path / "no" / "folder" if kind == "a link to nothing" else tmp)
     # Unchecked, the first save would wait on the pipe for a reader: one comes after a minute, so that
@@ -692,6 +728,8 @@ def test_what_a_save_cannot_write_through_is_refused_before_training(tmp_path, c
         reader.cancel()
     assert f"({tmp} is {what}): remove it, or pass --out_dir a writable folder" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists() and "iter 1" not in capsys.readouterr().out
+    if "file" in kind:
+        assert (tmp_path / "another run's ckpt.pt").read_bytes() == b"weights"
 
 
 def test_a_path_with_a_newline_keeps_the_reason_and_the_advice(tmp_path, capsys):

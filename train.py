@@ -51,10 +51,10 @@ def parse_args(argv=None):
     their defaults. Every number is checked here, NaN and inf included."""
     parser = cli.Parser(description="Train a GPT on a text or on token ids; writes out_dir/ckpt.pt "
                                     "and out_dir/report.html.")
-    parser.add_argument("--data", default="input.txt",
+    parser.add_argument("--data", type=cli.not_empty,
                         help="a UTF-8 text, one token per character; or, with a name ending in .bin, "
                              "token ids as --dtype integers one after another (nanoGPT's train.bin). "
-                             "The last 10%% is held out for validation (default: %(default)s)")
+                             "The last 10%% is held out for validation (default: input.txt)")
     parser.add_argument("--dtype", choices=data.ID_DTYPES,
                         help="the integer type of the ids in a .bin --data (default: uint16)")
     parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty,
@@ -377,7 +377,8 @@ def main(argv=None):
         device_type = cli.usable_device(given.get("device", "")).type
         defaults = CUDA_DEFAULTS if device_type == "cuda" else {}
         tc = first_config(defaults, given, args.resume, args.init_from)
-        data_file = data.DataFile(args.data, args.dtype)
+        named = args.data is not None
+        data_file = data.DataFile(args.data if named else "input.txt", args.dtype, named)
         joining = True
         _, stopped = run(tc, data_file, cli.printer, args.resume, args.log_interval, args.compile,
                          given, args.init_from, ranks)
