@@ -294,7 +294,10 @@ def data_as_recorded(ckpt, data_file, path, advice):
         return data_file
     kinds = ("text", *data.ID_DTYPES)
     if not (isinstance(recorded, dict) and recorded.get("read_as") in kinds):
-        raise ValueError(f"{path} records its data as {recorded!r}: it is damaged or hand-made; {advice}")
+        raise ValueError(f"{path} records its data as {cli.shown(recorded)}: it is damaged or hand-made; "
+                         f"{advice}")
+    # Before its fingerprint is read: a pipe there would wait for a writer for ever.
+    data.check_file(data_file.path, "the data file", "--data")
     was = recorded["read_as"]
     # --data left out reads input.txt: a run trained on another file would go on with it in silence.
     if not data_file.named and "bytes" in recorded and not same_file(data_file.path, recorded):

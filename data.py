@@ -110,9 +110,13 @@ def encode_file(path, chars=None, what="the data file", flag="--data", advice=RE
         for text in text_chunks(path):
             seen[code_points(text)] = True
             length += len(text)
-        if seen[0]:
-            raise ValueError(binary(what, path, flag))
+            # At the first chunk that has one: a file of gigabytes of zeros is refused at once.
+            if seen[0]:
+                raise ValueError(binary(what, path, flag))
         found = "".join(map(chr, np.flatnonzero(seen)))
+        if len(found) > MAX_VOCAB:
+            raise ValueError(f"{what} {path} has {len(found):,} distinct characters, more than the "
+                             f"{MAX_VOCAB:,} a run's vocabulary may hold: pass {flag} a text of fewer")
         unknown = "".join(sorted(set(found) - set(chars))) if chars is not None else ""
         if unknown:
             raise ValueError(f"{what} {path} has characters the checkpoint never saw ({unknown!r}): "

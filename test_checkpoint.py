@@ -2,6 +2,7 @@
 import os
 import re
 import shutil
+import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import checkpoint
+import cli
 import data
 import gpt
 import sample
@@ -309,11 +311,13 @@ def test_an_old_checkpoint_resumes_to_the_weights_of_the_same_state_in_todays_la
                 torch.testing.assert_close(kept["state"][i][key], value, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("record", ["uint16", {"read_as": "float32"}, {"bytes": 5}])
+@pytest.mark.parametrize("record", ["uint16", {"read_as": "float32"}, {"bytes": 5}, {"read_as": "x" * 200_000}])
 def test_a_damaged_record_of_the_data_is_refused_by_resume_and_by_the_report(tmp_path, capsys, trained_dir, record):
     hand_made(trained_dir, tmp_path / "out", set_in(["data"], record))
     message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
-    assert f"ckpt.pt records its data as {record!r}: it is damaged or hand-made; train without --resume" in message
+    assert len(message) < 300, len(message)  # a record of any size is shown short
+    assert (f"ckpt.pt records its data as {cli.shown(record)}: it is damaged or hand-made; train without --resume"
+            in message)
     message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"),
                              "--data", str(tmp_path / "data.txt"))
     assert message.endswith("it is damaged or hand-made; it can still sample, without --report"), message
@@ -340,3 +344,21 @@ def test_a_checkpoint_this_process_may_not_read_is_said_so_not_called_corrupt(tr
     with pytest.raises(ValueError, match=rf"^cannot read {re.escape(path)} \(Permission denied\): give this process "
                                          r"read access to it$"):
         checkpoint.load(path, "cpu")
+
+
+def test_a_pipe_given_as_data_to_a_resume_is_refused_before_its_fingerprint_is_read(tmp_path, capsys, trained_dir):
+    # A record of a file of 0 bytes (a run on a file of /proc) has the fingerprint looked for in any file of 0.
+    # Read as another type than the record's, the file is looked for by its fingerprint.
+    hand_made(trained_dir, tmp_path / "out", set_in(["data"], {"read_as": "uint8", "bytes": 0, "fingerprint": "x"}))
+    os.mkfifo(tmp_path / "pipe.bin")
+    unblocked = []  # a writer after a minute: without the check, the test fails instead of hanging
+    writer = threading.Timer(60, lambda: unblocked.append(1) or (tmp_path / "pipe.bin").write_text("unblocked"))
+    writer.daemon = True
+    writer.start()
+    try:
+        flags = [f for f in tiny_flags(tmp_path, max_iters=4)[2:]]
+        message = one_line_error(capsys, train, *flags, "--data", str(tmp_path / "pipe.bin"), "--dtype", "uint16",
+                                 "--resume")
+    finally:
+        writer.cancel()
+    assert message.endswith("pipe.bin (it is not a regular file): pass --data a file") and not unblocked, message

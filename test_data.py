@@ -130,3 +130,24 @@ def test_binary_data_is_never_taken_for_a_text(tmp_path, read):
     np.arange(1, 100, dtype=np.uint16).repeat(10).tofile(path)  # ids below 128: valid UTF-8, a NUL in each
     with pytest.raises(ValueError, match="holds NUL bytes, so it is binary data, not a text"):
         read(str(path))
+
+
+def test_a_text_with_a_nul_is_refused_at_the_chunk_that_holds_it_and_one_of_too_many_characters_by_name(
+        tmp_path, monkeypatch):
+    path = tmp_path / "zeros.txt"
+    with open(path, "wb") as f:
+        f.write(b"ab\0")
+        f.truncate(10_000_000)  # a file of zeros, as a disk image holds: read to its end, it took seconds a GB
+    read = []
+    chunks = data.text_chunks
+    monkeypatch.setattr(data, "text_chunks", lambda path: (read.append(len(chunk)) or chunk for chunk in chunks(path)))
+    monkeypatch.setattr(data, "CHUNK", 1 << 16)
+    with pytest.raises(ValueError, match="holds NUL bytes, so it is binary data, not a text"):
+        data.encode_file(str(path))
+    assert len(read) == 1, read
+    monkeypatch.undo()
+    monkeypatch.setattr(data, "MAX_VOCAB", 10)
+    (tmp_path / "t.txt").write_text("abcdefghijk", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^the data file .*t.txt has 11 distinct characters, more than the 10 a "
+                                         r"run's vocabulary may hold: pass --data a text of fewer$"):
+        data.encode_file(str(tmp_path / "t.txt"))

@@ -694,12 +694,13 @@ def test_a_lock_that_is_not_a_file_of_its_own_is_refused_before_training(tmp_pat
     assert not (tmp_path / "out" / "ckpt.pt").exists() and elsewhere.read_bytes() == b"weights"
 
 
+OVER = "a link to a file elsewhere, which a save would write over"
+
+
 @pytest.mark.parametrize("kind, what", [("a pipe", "a pipe or a socket"), ("a socket", "a pipe or a socket"),
                                         ("a link to nothing", "a link to nothing, or a loop of links"),
                                         ("a loop of links", "a link to nothing, or a loop of links"),
-                                        ("a link to a file", "a link to a file elsewhere, which a save would write over"),
-                                        ("another name of a file",
-                                         "a link to a file elsewhere, which a save would write over")])
+                                        ("a link to a file", OVER), ("another name of a file", OVER)])
 def test_what_a_save_cannot_write_through_is_refused_before_training(tmp_path, capsys, monkeypatch, kind, what):
     tmp = tmp_path / "out" / "ckpt.pt.tmp"
     tmp.parent.mkdir()
