@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -1569,3 +1570,17 @@ def test_the_demo_of_a_copy_that_raises_is_one_line_naming_its_line(twin_dir):
     assert re.fullmatch(r"error: the model raised NotImplementedError: softmax_backward: .* \(in softmax_backward, "
                         r"exercise_24\.py:\d+\): python exercise_24\.py --check finds the first wrong piece\n",
                         done.stderr), done.stderr
+
+
+def test_an_endless_loop_in_a_backward_is_an_error_row_and_the_check_goes_on(monkeypatch):
+    monkeypatch.setattr(workbook, "BACKWARD_SECONDS", 0.5)
+
+    def endless(dout, saved):
+        while True:
+            pass
+
+    rows = check_linear(endless)
+    assert [(n, r.verdict) for n, r in rows.items()] == [("x", "ERROR"), ("weight", "ERROR"), ("bias", "ERROR")]
+    assert rows["x"].raised.startswith("TimeoutError: endless ran for over 0.5 s: an endless loop?"), rows["x"].raised
+    assert all(r.verdict == "ok" for r in check_linear(gpt_numpy.linear_backward).values())  # no limit left behind
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0

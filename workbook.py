@@ -2,14 +2,17 @@
 check's table, the workbook of exercises and the demo's command line (python gpt_numpy.py ...)."""
 import argparse
 import ast
+import contextlib
 import difflib
 import importlib.util
 import json
 import math
 import os
 import shlex
+import signal
 import sys
 import textwrap
+import threading
 import time
 import traceback
 
@@ -310,6 +313,33 @@ def same(a, b):
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
 
 
+# The most seconds a backward may run in the check: on its arrays of a few hundred numbers each
+# takes milliseconds, so longer is an endless loop.
+BACKWARD_SECONDS = 10
+
+
+@contextlib.contextmanager
+def time_limit(what):
+    """The body, stopped by a TimeoutError that names what after BACKWARD_SECONDS: a learner's
+    endless loop is a row that says so, not a check that never ends. No limit inside one already
+    running, off the main thread, or where there is no SIGALRM (Windows)."""
+    if (not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread()
+            or signal.getitimer(signal.ITIMER_REAL)[0]):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise TimeoutError(f"{what} ran for over {BACKWARD_SECONDS} s: an endless loop?")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, BACKWARD_SECONDS)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def watched(backward, changed, named=(), returned_arrays=None):
     """backward, wrapped: each call that changes its dout or what its forward saved, in place, adds
     to changed a line that says so. named: (name, array), to call a saved array by its name.
@@ -318,7 +348,8 @@ def watched(backward, changed, named=(), returned_arrays=None):
     def watching(dout, saved):
         before = [(label, array, array.copy()) for label, array in
                   arrays_in(dout, "dout") + arrays_in(saved, "saved")]
-        returned = backward(dout, saved)
+        with time_limit(getattr(backward, "__name__", "the backward")):
+            returned = backward(dout, saved)
         if returned_arrays is not None:
             returned_arrays.extend(array for _, array in arrays_in(returned, "returned"))
         for label, array, kept in before:
@@ -521,7 +552,8 @@ def check_model(block, switches, rng, tolerance=1e-6, twin=gpt_numpy):
             model = fresh({key: np.zeros_like(params[name]) for key, name in meant.items()})
             model.forward(idx.copy(), targets.copy())
             try:
-                grads = model.backward()
+                with time_limit("GPT.backward"):
+                    grads = model.backward()
                 break
             except KeyError as e:
                 key = e.args[0] if len(e.args) == 1 else None
@@ -811,7 +843,8 @@ def ended_with(function, *args):
     kept = sys.getprofile()
     sys.setprofile(profile)
     try:
-        function(*args)
+        with time_limit(function.__name__):
+            function(*args)
         raised = None
     except (Exception, SystemExit) as e:
         raised = e
@@ -1595,7 +1628,8 @@ def train_beside(twin, steps=120, log=print):
                 for who, model in models.items():
                     try:
                         losses[who].append(float(model.forward(xy[:, :-1], xy[:, 1:])[1]))
-                        grads = model.backward()
+                        with time_limit("GPT.backward"):
+                            grads = model.backward()
                         for n, w in model.params.items():
                             w -= TRAIN_LR * grads[n]
                     except (Exception, SystemExit) as e:
