@@ -301,9 +301,9 @@ def data_as_recorded(ckpt, data_file, path, advice):
     was = recorded["read_as"]
     # --data left out reads input.txt: a run trained on another file would go on with it in silence.
     if not data_file.named and "bytes" in recorded and not same_file(data_file.path, recorded):
-        raise ValueError(f"{path} was trained on another file than {data_file.path}, which --data "
-                         f"reads when it is left out: give --data the file it trained on (or --data "
-                         f"{data_file.path} to go on with this one)")
+        raise ValueError(f"{path} was not trained on {data_file.path} as it is now (another file, or "
+                         f"this one since changed), which --data reads when it is left out: give --data "
+                         f"the file it trained on (or --data {data_file.path} to go on with this one)")
     if data.is_ids(data_file) and data_file.dtype is None and was in data.ID_DTYPES:
         data_file = dataclasses.replace(data_file, dtype=was)
     now = (data_file.dtype or "uint16") if data.is_ids(data_file) else "text"
@@ -495,9 +495,13 @@ def check_out_dir(out_dir):
         # The lock is read and cut back to its holder's line: a pipe, a device or a link to
         # nothing there would hang the run or fail in words of its own.
         lock = os.path.join(out_dir, "train.lock")
-        if os.path.lexists(lock) and not (os.path.isfile(lock) and not linked(lock)):
-            raise ValueError(f"cannot lock {out_dir} ({lock} is there, and not a file of its own): "
-                             f"remove it, or pass --out_dir a writable folder")
+        if os.path.lexists(lock) and not os.path.isfile(lock):
+            raise ValueError(f"cannot lock {out_dir} ({lock} is there, and not a file): remove it, or "
+                             f"pass --out_dir a writable folder")
+        # A run cuts its lock back to its own line, and would cut the file elsewhere with it.
+        if os.path.lexists(lock) and linked(lock):
+            raise ValueError(f"cannot lock {out_dir} ({lock} is a link to a file elsewhere, or another "
+                             f"name of one, as a copy made by cp -al holds): remove it, a run makes it anew")
     except OSError as e:
         # makedirs says only "File exists" of a file, a loop of links or a link to nothing where
         # the folder should be.

@@ -41,11 +41,14 @@ def number(kind, ok, rule):
     return parse
 
 
-def not_empty(text):
-    """argparse's type for a path or a name, of which "" is none (and would be read as not given)."""
-    if not text:
-        raise argparse.ArgumentTypeError("is empty: give a path, or a name where one is taken")
-    return text
+def not_empty(what):
+    """argparse's type for a path or a name, of which "" is none (and would be read as not given):
+    refused, saying to give what."""
+    def given(text):
+        if not text:
+            raise argparse.ArgumentTypeError(f"is empty: give {what}")
+        return text
+    return given
 
 
 def shown(value, text=None):

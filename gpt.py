@@ -317,10 +317,10 @@ class GPT(nn.Module):
 def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """A token (B, 1) for logits (B, vocab_size): the likeliest at temperature 0 (the first of any
     tied, with no draw), else drawn from the softmax of logits / temperature, filtered."""
-    # A negative temperature would turn the distribution upside down, and an infinite one tie
-    # every token, top_k's too; NaN fails this as well.
-    if not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature must be at least 0 and finite, not {temperature}")
+    # A negative temperature would turn the distribution upside down, and one past float32's
+    # largest (inf among them) make every logit 0 or NaN; NaN fails this as well.
+    if not 0 <= temperature <= torch.finfo(torch.float32).max:
+        raise ValueError(f"temperature must be at least 0 and finite in float32: {temperature}")
     # In float32, as bfloat16 ties close logits. Temperature 0 would make the largest logit
     # 0 / 0: less their max and over 1e-30, the others go to -inf and the largest stays 0.
     logits = logits.float()

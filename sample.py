@@ -34,7 +34,7 @@ def parse_args(argv=None):
     parser = cli.Parser(description="Sample text from out_dir/ckpt.pt (or GPT-2), printed as it is "
                                     "drawn; or write its report page.")
     parser.add_argument("--out_dir", default="out", help="folder of ckpt.pt (default: %(default)s)")
-    parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty,
+    parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty("a folder, or a name such as gpt2"),
                         help="sample GPT-2 instead: a folder with config.json and model.safetensors, "
                              "or gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded with "
                              "huggingface_hub)")
@@ -61,7 +61,7 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="", **{**rule, "help": f"{rule['help']} (default: '')"})
     parser.add_argument("--report", action="store_true",
                         help="instead: write out_dir/report.html from the checkpoint and --data")
-    parser.add_argument("--data",
+    parser.add_argument("--data", type=cli.not_empty("a file"),
                         help="for --report, which needs it: the text (or .bin of token ids) the "
                              "checkpoint was trained on, whose last 10%% is held out")
     parser.add_argument("--dtype", choices=data.ID_DTYPES,

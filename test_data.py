@@ -137,7 +137,7 @@ def test_a_text_with_a_nul_is_refused_at_the_chunk_that_holds_it_and_one_of_too_
     path = tmp_path / "zeros.txt"
     with open(path, "wb") as f:
         f.write(b"ab\0")
-        f.truncate(10_000_000)  # a file of zeros, as a disk image holds: read to its end, it took seconds a GB
+        f.truncate(10_000_000)  # a file of zeros, as a disk image holds: read to its end, it would take seconds a GB
     read = []
     chunks = data.text_chunks
     monkeypatch.setattr(data, "text_chunks", lambda path: (read.append(len(chunk)) or chunk for chunk in chunks(path)))

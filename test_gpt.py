@@ -578,12 +578,14 @@ def test_sampling_takes_every_kind_of_number_it_names():
 
 def test_sample_itself_refuses_a_temperature_that_would_turn_or_flatten_the_distribution():
     logits = torch.tensor([[5.0, 4.0, 3.0, -2.0]])
-    # Negative would draw the least likely first; infinite would tie every token, top_k's filter too.
-    for temperature in (-0.5, -1e9, math.inf, float("nan")):
+    # Negative would draw the least likely first; one past float32's largest would tie every token, top_k's
+    # filter too.
+    for temperature in (-0.5, -1e9, math.inf, float("nan"), 1e39):
         with pytest.raises(ValueError, match="^temperature must be at least 0 and finite"):
             gpt.sample(logits, temperature, top_k=2)
-    draws = gpt.sample(logits.expand(400, 4), 1e6, top_k=2, generator=torch.Generator().manual_seed(0))
-    assert set(draws.flatten().tolist()) == {0, 1}  # a huge finite one is uniform over the top_k
+    for huge in (1e6, 3e38):  # the largest float32 takes: each logit over it still apart
+        draws = gpt.sample(logits.expand(400, 4), huge, top_k=2, generator=torch.Generator().manual_seed(0))
+        assert set(draws.flatten().tolist()) == {0, 1}  # uniform over the top_k
 
 
 @pytest.mark.parametrize("prompt, checked", [

@@ -175,7 +175,7 @@ def test_sample_py_draws_only_ids_its_gpt2_tokenizer_reads(capsys, monkeypatch, 
 @pytest.mark.parametrize("module", [train, sample])
 def test_an_empty_init_from_is_refused_not_read_as_none_given(capsys, module):
     message = one_line_error(capsys, module, "--init_from", "")
-    assert "argument --init_from: is empty: give a path, or a name where one is taken" in message, message
+    assert "argument --init_from: is empty: give a folder, or a name such as gpt2" in message, message
 
 
 def test_a_header_of_many_names_is_checked_in_one_pass():

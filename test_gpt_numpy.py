@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -1508,12 +1509,13 @@ def test_a_text_too_big_for_the_memory_is_one_line(twin_dir):
 
 @pytest.mark.parametrize("dx, says", [
     (lambda right: right + 1j, "dx holds complex128 values, not real floats"),
-    (lambda right: right.tolist(), "dx is a list, not a NumPy array"),
-    (lambda right: np.ma.masked_array(right, mask=right > 0), "dx is a MaskedArray, not a NumPy array"),
+    (lambda right: right.tolist(), "dx is a list, not a plain NumPy array"),
+    (lambda right: np.ma.masked_array(right, mask=right > 0), "dx is a MaskedArray, not a plain NumPy array"),
     (lambda right: right.astype(str), "dx holds <U"),
     (lambda right: None, "dx is None")])
 def test_a_gradient_that_is_no_array_of_real_floats_is_an_error_at_its_own_row_and_no_pass(dx, says):
-    # A complex one was cast to its real part and passed; the others failed in the check's own code.
+    # Compared as they are, a complex one would be cast to its real part and pass; the others would fail in the
+    # check's own code.
     rows = check_linear(lambda dout, saved: (lambda d, p: (dx(d), p))(*gpt_numpy.linear_backward(dout, saved)))
     assert [(n, r.verdict) for n, r in rows.items()] == [("x", "ERROR"), ("weight", "ok"), ("bias", "ok")]
     assert rows["x"].raised.startswith(says), rows["x"].raised
@@ -1526,7 +1528,7 @@ def test_a_model_gradient_that_is_no_array_of_real_floats_or_under_no_name_is_an
     for slip, row, says in ((lambda g: {**g, "wte.weight": g["wte.weight"] + 1j}, "wte.weight",
                              "the gradient of wte.weight holds complex128 values, not real floats"),
                             (lambda g: {**g, "wte.weight": g["wte.weight"].tolist()}, "wte.weight",
-                             "the gradient of wte.weight is a list, not a NumPy array"),
+                             "the gradient of wte.weight is a list, not a plain NumPy array"),
                             (lambda g: {**g, 5: g["wte.weight"]}, "5",
                              "a gradient for 5, which the model does not have")):
         monkeypatch.setattr(gpt_numpy.GPT, "backward", lambda self, activations=False, slip=slip: slip(right(self)))
@@ -1579,8 +1581,62 @@ def test_an_endless_loop_in_a_backward_is_an_error_row_and_the_check_goes_on(mon
         while True:
             pass
 
-    rows = check_linear(endless)
-    assert [(n, r.verdict) for n, r in rows.items()] == [("x", "ERROR"), ("weight", "ERROR"), ("bias", "ERROR")]
-    assert rows["x"].raised.startswith("TimeoutError: endless ran for over 0.5 s: an endless loop?"), rows["x"].raised
-    assert all(r.verdict == "ok" for r in check_linear(gpt_numpy.linear_backward).values())  # no limit left behind
-    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    def swallowing(dout, saved):
+        while True:
+            try:
+                pass
+            except Exception:  # as a learner's loop may: the limit's end is no Exception
+                pass
+
+    for backward in (endless, swallowing):
+        rows = check_linear(backward)
+        assert [(n, r.verdict) for n, r in rows.items()] == [("x", "ERROR"), ("weight", "ERROR"), ("bias", "ERROR")]
+        said = rows["x"].raised
+        assert said.startswith(f"TimeoutError: {backward.__name__} ran for over 0.5 s: an endless loop?"), said
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # no limit left behind
+    monkeypatch.setattr(workbook, "BACKWARD_SECONDS", 10)
+    assert all(r.verdict == "ok" for r in check_linear(gpt_numpy.linear_backward).values())
+
+
+def test_a_debugger_in_a_backward_is_never_cut_short(monkeypatch):
+    monkeypatch.setattr(workbook, "BACKWARD_SECONDS", 0.2)
+
+    def stepped_through(dout, saved):
+        # As pdb at a breakpoint() traces the body: the limit waits while it does.
+        traced = sys.gettrace()
+        sys.settrace(lambda frame, event, arg: None)
+        try:
+            time.sleep(0.5)
+        finally:
+            sys.settrace(traced)
+        return gpt_numpy.linear_backward(dout, saved)
+
+    assert all(r.verdict == "ok" for r in check_linear(stepped_through).values())
+
+
+def test_an_intermediate_that_is_no_array_of_real_floats_is_an_error_at_its_row(tmp_path):
+    source = Path(HERE, "gpt_numpy.py").read_text(encoding="utf-8")
+    twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
+    shutil.copy(Path(HERE, "workbook.json"), tmp_path / "workbook.json")
+    number, ex = next((n, ex) for n, ex in enumerate(workbook.exercises(), 1) if "dnll" in ex.get("lines", []))
+    path, _ = workbook.start_exercise(number, twin)
+    blank = Path(path).read_text(encoding="utf-8")
+    hole = re.search(rf'\n( *raise NotImplementedError\("{ex["function"]}: .* are yours to write"\)\n)', blank).group(1)
+    stage = workbook.blanked(source, ex["function"], names=ex["lines"])[1]
+    line = next(line for line in stage.splitlines() if line.strip().startswith("dnll = "))
+    for slip, says in (("dnll = dnll + 1j", "dnll holds complex128 values, not real floats"),
+                       ("dnll = dnll.tolist()", "dnll is a list, not a plain NumPy array")):
+        body = stage.replace(line, f"{line}\n{line[:len(line) - len(line.lstrip())]}{slip}")
+        Path(path).write_text(blank.replace(hole, body), encoding="utf-8")
+        lines = []
+        assert not workbook.check(twin=imported(path), only=ex["check"], log=lines.append, models=False)
+        assert lines[1].startswith(f"{ex['check']}: dnll (intermediate)") and lines[1].endswith(f"ERROR  {says}"), lines
+
+
+def test_known_logits_that_are_no_regular_file_are_a_row_that_says_so_and_never_wait(tmp_path, monkeypatch):
+    os.mkfifo(tmp_path / "twin_logits.json")  # reading it would wait for a writer for ever
+    monkeypatch.setattr(workbook, "KNOWN_LOGITS", str(tmp_path / "twin_logits.json"))
+    rows = {row.name: row for row in workbook.check_forward("gpt2", workbook.GPT2)}
+    said = rows["forward (gpt2): known logits"].raised
+    assert said.endswith("twin_logits.json: it is not a regular file: put the project's fixtures/twin_logits.json in "
+                         "its place"), said

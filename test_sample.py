@@ -71,6 +71,7 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--out_dir", "FEW_CHARS"], "(ValueError: 5 characters for a vocab_size of"),
     (["--out_dir", "NAN_WEIGHTS"], "holds weights that are NaN or inf, from a run that diverged"),
     (["--report", "--data", "MISSING"], "cannot read the data file"),
+    (["--report", "--data", ""], "argument --data: is empty: give a file"),
     (["--report", "--init_from", "gpt2"], "--report needs a checkpoint of a run"),
     # The report draws its own sample: another's options are refused, never dropped.
     (["--report", "--data", "MISSING", "--temperature", "0.5", "--seed", "3"], "--temperature, --seed are for "

@@ -114,9 +114,9 @@ def test_a_resume_with_data_left_out_takes_input_txt_only_where_the_run_trained_
     train.main([*flags, "--out_dir", "out", "--data", "mine.txt"])
     kept = (tmp_path / "out" / "ckpt.pt").read_bytes()
     message = one_line_error(capsys, train, *flags, "--out_dir", "out", "--resume", "--max_iters", "4")
-    assert message == ("error: out/ckpt.pt was trained on another file than input.txt, which --data reads when it "
-                       "is left out: give --data the file it trained on (or --data input.txt to go on with this "
-                       "one)"), message
+    assert message == ("error: out/ckpt.pt was not trained on input.txt as it is now (another file, or this one "
+                       "since changed), which --data reads when it is left out: give --data the file it trained on "
+                       "(or --data input.txt to go on with this one)"), message
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == kept
     train.main([*flags, "--out_dir", "out", "--resume", "--max_iters", "4", "--data", "input.txt"])  # named: taken
     train.main([*flags, "--out_dir", "out", "--resume", "--max_iters", "6", "--data", "mine.txt"])
@@ -496,6 +496,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--data", "/dev/zero"], "(it is not a regular file)"),  # which read() would never finish
     (["--data", "BINARY"], "it is not UTF-8 text"),
     (["--data", "EMPTY"], "is empty"),
+    (["--data", ""], "argument --data: is empty: give a file"),
     (["--data", "ODD.bin"], "not a whole number of uint16 ids"),
     (["--data", "IDS.bin", "--vocab_size", "10"], "must be in [0, 10), the vocabulary; these go from 0 to 3,999"),
     (["--block_size", "5000"], "--block_size 5000 is too long for the 3000 tokens held out"),
@@ -690,7 +691,11 @@ def test_a_lock_that_is_not_a_file_of_its_own_is_refused_before_training(tmp_pat
     else:
         os.link(elsewhere, lock)
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
-    assert f"({lock} is there, and not a file of its own): remove it, or pass --out_dir a writable folder" in message
+    if "file" in kind:
+        assert (f"({lock} is a link to a file elsewhere, or another name of one, as a copy made by cp -al holds): "
+                f"remove it, a run makes it anew") in message, message
+    else:
+        assert f"({lock} is there, and not a file): remove it, or pass --out_dir a writable folder" in message
     assert not (tmp_path / "out" / "ckpt.pt").exists() and elsewhere.read_bytes() == b"weights"
 
 

@@ -51,13 +51,13 @@ def parse_args(argv=None):
     their defaults. Every number is checked here, NaN and inf included."""
     parser = cli.Parser(description="Train a GPT on a text or on token ids; writes out_dir/ckpt.pt "
                                     "and out_dir/report.html.")
-    parser.add_argument("--data", type=cli.not_empty,
+    parser.add_argument("--data", type=cli.not_empty("a file"),
                         help="a UTF-8 text, one token per character; or, with a name ending in .bin, "
                              "token ids as --dtype integers one after another (nanoGPT's train.bin). "
                              "The last 10%% is held out for validation (default: input.txt)")
     parser.add_argument("--dtype", choices=data.ID_DTYPES,
                         help="the integer type of the ids in a .bin --data (default: uint16)")
-    parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty,
+    parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty("a folder, or a name such as gpt2"),
                         help="start from GPT-2's weights: a folder with config.json and "
                              "model.safetensors, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl "
                              "(downloaded with huggingface_hub); a text is then read in GPT-2's "

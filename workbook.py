@@ -318,23 +318,36 @@ def same(a, b):
 BACKWARD_SECONDS = 10
 
 
+class Expired(BaseException):
+    """time_limit's end of a body: no Exception, so that a body's own except Exception cannot
+    catch it and loop on."""
+
+
 @contextlib.contextmanager
 def time_limit(what):
     """The body, stopped by a TimeoutError that names what after BACKWARD_SECONDS: a learner's
-    endless loop is a row that says so, not a check that never ends. No limit inside one already
-    running, off the main thread, or where there is no SIGALRM (Windows)."""
+    endless loop is a row that says so, not a check that never ends. No limit while a debugger
+    traces the body (a learner's breakpoint()), inside one already running, off the main thread, or
+    where there is no SIGALRM (Windows)."""
     if (not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread()
             or signal.getitimer(signal.ITIMER_REAL)[0]):
         yield
         return
 
     def expired(signum, frame):
-        raise TimeoutError(f"{what} ran for over {BACKWARD_SECONDS} s: an endless loop?")
+        if sys.gettrace() is not None:
+            signal.setitimer(signal.ITIMER_REAL, BACKWARD_SECONDS)
+            return
+        raise Expired
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, BACKWARD_SECONDS)
     try:
         yield
+    except Expired as e:
+        # Where the body was when it stopped: the learner's line, as any error of theirs shows it.
+        raise TimeoutError(f"{what} ran for over {BACKWARD_SECONDS} s: an endless "
+                           f"loop?").with_traceback(e.__traceback__) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -372,7 +385,7 @@ def not_a_gradient(label, grad):
     if grad is None:
         return f"{label} is None"
     if not (type(grad) is np.ndarray or isinstance(grad, np.generic)):
-        return f"{label} is a {type(grad).__name__}, not a NumPy array"
+        return f"{label} is a {type(grad).__name__}, not a plain NumPy array"
     if grad.dtype.kind != "f":
         return f"{label} holds {grad.dtype} values, not real floats"
     return None
@@ -640,7 +653,7 @@ def key_rows(block, params, grads, meant):
                              f"shape {np.shape(grads[name])}, not {params[name].shape}")
     for key in given:
         if key not in meant:
-            rows[key] = Row(f"model ({block}): {key}", raised=f"a gradient for {key!r}, which the "
+            rows[key] = Row(f"model ({block}): {key}", raised=f"a gradient for {key}, which the "
                                                               f"model does not have")
     return rows
 
@@ -819,8 +832,9 @@ def check_forward(block, switches, tolerance=1e-6, twin=gpt_numpy):
         rows.append(Row(name + "causality", raised=raised_here(e, twin)))
     try:
         # A FIFO there would wait for a writer for ever.
-        if not os.path.isfile(KNOWN_LOGITS):
-            raise OSError(0, "it is not a file: copy fixtures/twin_logits.json beside workbook.py")
+        if os.path.exists(KNOWN_LOGITS) and not os.path.isfile(KNOWN_LOGITS):
+            raise ValueError("it is not a regular file: put the project's fixtures/twin_logits.json "
+                             "in its place")
         with open(KNOWN_LOGITS, encoding="utf-8") as f:
             known = np.array(json.load(f)["logits"][block])
         rows.append(compared(name + "known logits", logits, known, tolerance, versus="gpt.py's"))
