@@ -30,13 +30,18 @@ def path_in(out_dir):
 
 
 # ---------------------------------------------------------------------------------------------- loading
+def need_checkpoint(path):
+    """Refuses, in one line, a path that holds no checkpoint's file."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
+
+
 def load(path, device):
     """(model in eval mode on device, its tokenizer, the checkpoint) from gpt.load_checkpoint, with
     one line that says what is wrong when path holds no checkpoint that can be used. The tokenizer
     is the one it was trained with: its characters', GPT-2's, a Named for one of the user's own, or
     None for ids of no tokenizer."""
-    if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
+    need_checkpoint(path)
     try:
         # Read here, to the CPU (torch.load maps no cpu:0; the random states stay CPU tensors), so
         # that a checkpoint of the layout before each map had a weight of its own is brought to
@@ -473,15 +478,17 @@ def evaluation_pending(trainer):
 
 
 # ---------------------------------------------------------------------------------------------- out_dir
-def check_out_dir(out_dir):
+def check_out_dir(out_dir, resume=False):
     """What gpt.Trainer's own check of out_dir (made, and takes a file) cannot say: what stands where
     the folder, the checkpoint, its temporary file or the lock should be, by name, before the lock
     is taken in it. "" (which only --resume passes) is refused: a resumed run goes on in its own
-    folder."""
+    folder, which holds its checkpoint (a mistyped one is refused, never made)."""
     if not out_dir:
         raise ValueError('--resume goes on in the folder of the run, and --out_dir "" names none: '
                          'give the --out_dir it was trained with')
     path = path_in(out_dir)
+    if resume:
+        need_checkpoint(path)
     try:
         os.makedirs(out_dir, exist_ok=True)
         for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):

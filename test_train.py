@@ -524,7 +524,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--resume", "--out_dir", ""], '--out_dir "" names none: give the --out_dir it was trained with'),
     (["--resume", "--out_dir", "TIMED"], "is a run timed by --max_time 60, which --max_iters does not change: give "
                                          "a longer --max_time, or --max_time 0 --max_iters 2 to train by steps"),
-    (["--resume", "--out_dir", "FOLDER/x"], "no checkpoint file at"),
+    (["--resume", "--out_dir", "FOLDER/x/y"], "no checkpoint file at"),  # and no folder made (below)
     (["--resume", "--out_dir", "NO_STATE"], "it can sample, but not resume; train without --resume"),
     (["--resume", "--data", "NEW_CHARS"], "has characters the checkpoint never saw ('#'): use the text it was trained"),
     (["--init_from", "FOLDER"], "holds no GPT-2 this can load (ValueError: cannot read GPT-2's config"),
@@ -556,6 +556,7 @@ def test_bad_training_input_is_one_line_and_overwrites_nothing(tmp_path, capsys,
     assert match in message, message
     assert {p: Path(trained_dir, p).read_bytes() for p in os.listdir(trained_dir)} == before
     assert not (tmp_path / "FOLDER" / "ckpt.pt.tmp").exists()
+    assert not (tmp_path / "FOLDER" / "x").exists()  # a mistyped folder to resume in is not made
 
 
 @pytest.mark.parametrize("where", ["in the step before an evaluation", "in the step an evaluation follows",
