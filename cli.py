@@ -9,6 +9,7 @@ import dataclasses
 import errno
 import os
 import sys
+import unicodedata
 
 import torch
 
@@ -232,10 +233,12 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     # An OSError made here, (errno, message): the message, without its "[Errno N]".
     if isinstance(error, OSError) and error.strerror and error.filename is None:
         text = error.strerror
-    # Messages made here are one line, but for a path or a name given with a newline in it, which
-    # is shown escaped so that the reason and the advice after it stay.
+    # Messages made here are one line, but for a path or a name given with a control character in
+    # it (a newline, a carriage return, a terminal's escape), which is shown escaped, so that the
+    # reason and the advice after it stay and the terminal is not driven.
     if isinstance(error, (ValueError, OSError)):
-        return text.replace("\n", "\\n")
+        return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc"
+                       else c for c in text)
     # torch.compile's, with --compile.
     if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
         return f"torch.compile failed ({first}): train without --compile"

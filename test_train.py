@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import unicodedata
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -739,8 +740,11 @@ def test_what_a_save_cannot_write_through_is_refused_before_training(tmp_path, c
         assert (tmp_path / "another run's ckpt.pt").read_bytes() == b"weights"
 
 
-def test_a_path_with_a_newline_keeps_the_reason_and_the_advice(tmp_path, capsys):
-    folder = tmp_path / "a\nb"
+@pytest.mark.parametrize("name, shown", [("a\nb", "a\\nb"), ("a\rb\x1b[31mc", "a\\rb\\x1b[31mc")])
+def test_a_path_with_a_control_character_keeps_the_reason_and_the_advice(tmp_path, capsys, name, shown):
+    # A carriage return would write the line over its own start, a terminal's escape turn it red.
+    folder = tmp_path / name
     folder.mkdir()
     message = one_line_error(capsys, train, "--data", str(folder), "--out_dir", str(tmp_path / "out"))
-    assert message.endswith("(it is a folder): pass --data a file") and "a\\nb" in message, message
+    assert message.endswith("(it is a folder): pass --data a file") and shown in message, message
+    assert not any(unicodedata.category(c) == "Cc" for c in message), message
