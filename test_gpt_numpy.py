@@ -1317,6 +1317,8 @@ WORKBOOK = Path(HERE, "workbook.json").read_bytes()
                  'exercise 19\'s "function": gpt_numpy.py has no function gelu_backwards', id="function"),
     pytest.param(changed(19, "check", "layer_norm"),
                  "exercise 19's \"check\" is 'layer_norm', not a name --check takes", id="check"),
+    pytest.param(changed(33, "lines", ["dnll", "bogus"]),
+                 'exercise 33\'s "function": crossentropy_backward has no line that sets bogus', id="lines"),
     pytest.param(changed(5, "models", {"gpt2": "wrong"}), "gives gpt2 the verdict 'wrong', not \"WRONG\" or \"ERROR\"",
                  id="verdict"),
 ])

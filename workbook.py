@@ -1026,9 +1026,12 @@ def exercises():
             tree = ast.parse(f.read())
         for number, ex in enumerate(found, 1):
             try:
-                function_node(tree, ex["function"])
+                node = function_node(tree, ex["function"])
                 for name in ex.get("with", []):
                     function_node(tree, name)
+                for name in ex.get("lines", []):
+                    if first_set(node, name) is None:
+                        raise ValueError(f"{ex['function']} has no line that sets {name}")
             except ValueError as e:
                 problem = f'exercise {number}\'s "function": {e}'
                 break
@@ -1094,6 +1097,12 @@ def function_node(tree, function):
     return node
 
 
+def first_set(node, name):
+    """The statement of node's body that first assigns name, or None: a stage's line."""
+    return next((n for n in node.body if isinstance(n, ast.Assign)
+                 and name in [t.id for t in n.targets if isinstance(t, ast.Name)]), None)
+
+
 def above(lines, node):
     """The index of the first line of the comments right above node's def: its derivation."""
     start = node.lineno - 1
@@ -1123,8 +1132,7 @@ def blanked(source, function, also=(), note=None, names=()):
         end = node.end_lineno
         if names and name == function:
             # Only the statements that first set each of names: the lines of one stage.
-            sets = [next(n for n in node.body if isinstance(n, ast.Assign) and name_ in
-                         [t.id for t in n.targets if isinstance(t, ast.Name)]) for name_ in names]
+            sets = [first_set(node, name_) for name_ in names]
             start, end = min(n.lineno for n in sets) - 1, max(n.end_lineno for n in sets)
             hole = (f'{" " * first.col_offset}raise NotImplementedError("{name}: '
                     f'{" and ".join(names)} are yours to write")\n')
