@@ -402,8 +402,8 @@ def layer_rows(found, given, tolerance, scale, inputs=()):
             got = ", ".join(given) or "nothing"
             rows.append(Row(name, raised=f"no gradient for {name}; the backward gave {got}"))
             continue
-        if not_a_gradient(f"d{name}", grad):
-            rows.append(Row(name, raised=not_a_gradient(f"d{name}", grad)))
+        if said := not_a_gradient(f"d{name}", grad):
+            rows.append(Row(name, raised=said))
             continue
         if np.shape(grad) != numeric.shape:
             # A gradient of another shape could broadcast against the reference, unnoticed.
@@ -645,9 +645,8 @@ def key_rows(block, params, grads, meant):
         if name not in grads or typo:
             got = f"got {typo[0]}" if typo else f"GPT.backward gave no key {name}"
             rows[name] = Row(f"model ({block}): {name}", raised=f"no gradient for {name}; {got}")
-        elif not_a_gradient(f"the gradient of {name}", grads[name]):
-            rows[name] = Row(f"model ({block}): {name}",
-                             raised=not_a_gradient(f"the gradient of {name}", grads[name]))
+        elif said := not_a_gradient(f"the gradient of {name}", grads[name]):
+            rows[name] = Row(f"model ({block}): {name}", raised=said)
         elif np.shape(grads[name]) != params[name].shape:
             rows[name] = Row(f"model ({block}): {name}", raised=f"the gradient of {name} has the "
                              f"shape {np.shape(grads[name])}, not {params[name].shape}")
@@ -882,8 +881,9 @@ def stage_rows(name, ex, forward, x, params, tolerance, twin):
         if var not in yours:
             said = f" (it raised {raised_here(raised, twin, function)})" if raised else ""
             rows.append(Row(row_name, raised=f"{function} ended without a value named {var}{said}"))
-        elif not_a_gradient(var, yours[var]) and not not_a_gradient(var, reference[var]):
-            rows.append(Row(row_name, raised=not_a_gradient(var, yours[var])))
+        # Only where the reference's is an array of floats: a value of another kind is compared as it is.
+        elif (said := not_a_gradient(var, yours[var])) and not not_a_gradient(var, reference[var]):
+            rows.append(Row(row_name, raised=said))
         elif np.shape(yours[var]) != np.shape(reference[var]):
             rows.append(Row(row_name, raised=f"{var} has the shape {np.shape(yours[var])}, not "
                                              f"{np.shape(reference[var])}"))
