@@ -46,6 +46,9 @@ def from_state_dict(state_dict, n_head=None):
         # Older files also hold each layer's causal mask: a constant, which attention computes.
         if key.endswith((".attn.bias", ".attn.masked_bias")):
             continue
+        # A complex tensor would lose its imaginary part, an integer one train as no weight does.
+        if not (w.is_floating_point() and w.layout == torch.strided):
+            raise ValueError(f"{shown(key)} is not a dense tensor of real floats ({w.dtype}, {w.layout})")
         name = key.removeprefix("transformer.")
         # The same weight named with and without "transformer.", perhaps with two values: refused.
         if name in weights:
@@ -64,7 +67,7 @@ def from_state_dict(state_dict, n_head=None):
     # saved moments keep a parameter's strides, and a half-precision file would train in half
     # precision into a checkpoint that no longer fits its model.
     weights = {key: w.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-               if w.is_floating_point() else w for key, w in weights.items()}
+               for key, w in weights.items()}
     if "wte.weight" not in weights or "wpe.weight" not in weights:
         raise ValueError("not GPT-2's weights: wte.weight or wpe.weight is missing")
     vocab_size, n_embd = weights["wte.weight"].shape
@@ -73,19 +76,23 @@ def from_state_dict(state_dict, n_head=None):
                            n_layer=n_layer, n_head=n_head or n_embd // 64, n_embd=n_embd,
                            bias=True, norm="layernorm", pos="learned", mlp="gelu", tie_weights=True,
                            bigram=0)
-    model = gpt.GPT(config)
     # The output layer is the token embedding, tied, which some files hold a second time.
     head = weights.get("lm_head.weight", weights["wte.weight"])
     if head.shape != weights["wte.weight"].shape or not torch.equal(head, weights["wte.weight"]):
         raise ValueError("lm_head.weight is not wte.weight, and GPT-2 ties the two")
     weights["lm_head.weight"] = weights["wte.weight"]
-    # assign: the copies above become the parameters, without a copy more.
-    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
-    model.lm_head.weight = model.wte.weight
-    if unexpected:
-        raise ValueError(f"not GPT-2's weights: {unexpected[0]} is not one of GPT-2's tensors")
-    if missing:
-        raise ValueError(f"not GPT-2's weights: {missing[0]} is missing")
+    # First where a model takes no memory: a small file's names and shapes may make a config of
+    # gigabytes, refused there before any are taken.
+    for device in ("meta", "cpu"):
+        with torch.device(device):
+            model = gpt.GPT(config)
+        # assign: the copies above become the parameters, without a copy more.
+        missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+        model.lm_head.weight = model.wte.weight
+        if unexpected:
+            raise ValueError(f"not GPT-2's weights: {unexpected[0]} is not one of GPT-2's tensors")
+        if missing:
+            raise ValueError(f"not GPT-2's weights: {missing[0]} is missing")
     return model
 
 
@@ -273,10 +280,10 @@ def load(source, device=""):
         if other:
             raise ValueError(f"its config.json asks for another block than GPT-2's: {other[0]}")
         n_head = config_size(config, "n_head")
-        weights = read_weights(folder)
-        if not all(w.isfinite().all() for w in weights.values() if w.is_floating_point()):
-            raise ValueError("its weights hold NaN or inf: the file is damaged")
-        model = from_state_dict(weights, n_head=n_head)
+        model = from_state_dict(read_weights(folder), n_head=n_head)
+        # In float32, as the model holds them: a float64 of 1e300 is inf there.
+        if not all(w.isfinite().all() for w in model.parameters()):
+            raise ValueError("its weights hold NaN or inf (in float32): the file is damaged")
         differ = [f"{name} {shown(value)} (the tensors' {getattr(model.config, name)})"
                   for name, value in said.items() if value != getattr(model.config, name)]
         if differ:

@@ -299,6 +299,17 @@ def as_bin_without(name):
     (damage_config(layer_norm_epsilon=0.5), "layer_norm_epsilon 0.5"),
     (as_bin_with(lambda w: w.update({"transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 3)})),
      "size mismatch for h.1.mlp.c_fc.weight: copying a param with shape torch.Size([3, 64])"),
+    # Loaded as they are, a complex weight would lose its imaginary part and an integer one train as no weight does.
+    (as_bin_with(lambda w: w.update({"transformer.ln_f.weight": w["transformer.ln_f.weight"].to(torch.complex64)})),
+     '"transformer.ln_f.weight" is not a dense tensor of real floats (torch.complex64, torch.strided)'),
+    (as_bin_with(lambda w: w.update({"transformer.ln_f.bias": w["transformer.ln_f.bias"].long()})),
+     "(torch.int64, torch.strided)"),
+    (as_bin_with(lambda w: w.update({"transformer.ln_f.bias": w["transformer.ln_f.bias"].to_sparse()})),
+     "(torch.float32, torch.sparse_coo)"),
+    # Finite in float64, inf in the float32 the model holds.
+    (as_bin_with(lambda w: w.update({"transformer.h.0.mlp.c_fc.bias": torch.full_like(
+        w["transformer.h.0.mlp.c_fc.bias"], 1e300, dtype=torch.float64)})),
+     "its weights hold NaN or inf (in float32): the file is damaged"),
 ])
 def test_a_broken_gpt2_folder_is_one_line(tmp_path, capsys, damage, match):
     folder = tmp_path / "gpt2"
@@ -306,6 +317,26 @@ def test_a_broken_gpt2_folder_is_one_line(tmp_path, capsys, damage, match):
     damage(folder)
     message = one_line_error(capsys, sample, "--init_from", str(folder))
     assert f"{folder} holds no GPT-2 this can load (" in message and match in message, message
+
+
+def test_weights_that_name_a_larger_model_than_they_fill_are_refused_before_that_model_is_made(monkeypatch):
+    # A few bytes may name a model of gigabytes: its width from wte, its layers from the names alone.
+    weights = {"wte.weight": torch.zeros(1, 256), "wpe.weight": torch.zeros(1, 256),
+               **{f"h.{i}.x": torch.zeros(0) for i in range(3)}}
+    made = []
+    real_init = gpt.GPT.__init__
+
+    def init(model, config):
+        made.append((config.n_layer, config.n_embd, torch.empty(0).device.type))
+        real_init(model, config)
+
+    monkeypatch.setattr(gpt.GPT, "__init__", init)
+    with pytest.raises(ValueError, match="h.0.x is not one of GPT-2's tensors"):
+        gpt2.from_state_dict(weights)
+    assert made == [(3, 256, "meta")]
+    made.clear()
+    assert isinstance(gpt2.from_state_dict(fixture_weights()), gpt.GPT)
+    assert [device for *_, device in made] == ["meta", "cpu"]
 
 
 def safetensors_bytes(header, data):
@@ -363,7 +394,7 @@ class Malicious:
 
 
 @pytest.mark.parametrize("damage, match", [
-    (nan_weights, "(ValueError: its weights hold NaN or inf: the file is damaged)"),
+    (nan_weights, "(ValueError: its weights hold NaN or inf (in float32): the file is damaged)"),
     (damage_config(n_head=2.0), "(ValueError: its config.json gives n_head = 2.0, not a whole number of at least 1)"),
     (damage_config(n_head=0), "gives n_head = 0, not a whole number"),
     (damage_config(n_head=None), "gives n_head = null, not a whole number"),
