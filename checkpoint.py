@@ -15,6 +15,7 @@ import math
 import os
 import re
 import stat
+import warnings
 
 import torch
 
@@ -59,10 +60,16 @@ def load(path, device):
             raise ValueError("its characters hold a lone surrogate")
         # A checkpoint from before the bigram table has none.
         ckpt["config"] = {"bigram": 0, **ckpt["config"]}
+        check_weights(ckpt["model"])
         split = split_maps(ckpt["model"], ckpt["config"])
         # Marked, in memory alone, for resume, which cuts the optimizers' states likewise.
         ckpt[OLD_LAYOUT] = split is not ckpt["model"]
         ckpt["model"] = split
+        # The model is made first where it takes no memory: a small file's config may ask for
+        # gigabytes, and weights that do not fit it are refused before any are taken.
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # copying into a meta weight does nothing, and says so
+            gpt.GPT(gpt.GPTConfig(**ckpt["config"])).load_state_dict(ckpt["model"])
         model, tokenizer, ckpt = gpt.load_checkpoint(ckpt, str(device))
         # Else decoding a sampled token would fail, or give other characters than the training's.
         if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
@@ -90,6 +97,21 @@ def load(path, device):
     elif tokenizer is None and name is not None:
         tokenizer = Named(name, model.config.vocab_size)
     return model, tokenizer, ckpt
+
+
+def check_weights(state):
+    """Refuses a state dict that is not one of dense tensors of real floats: a complex weight would
+    load with its imaginary part dropped, with no more than a warning."""
+    if not isinstance(state, dict):
+        raise TypeError(f"its model is a {type(state).__name__}, not a state dict of weights")
+    for name, w in state.items():
+        if not (torch.is_tensor(w) and w.is_floating_point() and w.layout == torch.strided):
+            kind = f"a {type(w).__name__}"
+            if torch.is_tensor(w):
+                kind = f"a tensor of {str(w.dtype).removeprefix('torch.')}"
+            if torch.is_tensor(w) and w.layout != torch.strided:
+                kind = f"a {str(w.layout).removeprefix('torch.')} tensor"
+            raise TypeError(f"its weight {cli.shown(name)} is {kind}, not a dense tensor of real floats")
 
 
 class Named:
@@ -290,10 +312,11 @@ def recorded_config(ckpt, path, config, device, advice):
 
 
 # ---------------------------------------------------------------------------------------------- the data
-def data_as_recorded(ckpt, data_file, path, advice):
+def data_as_recorded(ckpt, data_file, path, advice, its_own=False):
     """data_file (a data.DataFile) read as the run of the checkpoint at path read its data: a .bin
     given without --dtype in the ids' type the checkpoint records. The file the run trained on (its
-    size and fingerprint) read otherwise is refused in one line that ends with advice."""
+    size and fingerprint) read otherwise is refused in one line that ends with advice; with its_own
+    (a report), any other file too."""
     recorded = ckpt.get("data")
     if recorded is None or not isinstance(data_file, data.DataFile):
         return data_file
@@ -304,11 +327,15 @@ def data_as_recorded(ckpt, data_file, path, advice):
     # Before its fingerprint is read: a pipe there would wait for a writer for ever.
     data.check_file(data_file.path, "the data file", "--data")
     was = recorded["read_as"]
+    other = "bytes" in recorded and not same_file(data_file.path, recorded)
+    not_its_own = f"{path} was not trained on {data_file.path} as it is now (another file, or this one since changed)"
     # --data left out reads input.txt: a run trained on another file would go on with it in silence.
-    if not data_file.named and "bytes" in recorded and not same_file(data_file.path, recorded):
-        raise ValueError(f"{path} was not trained on {data_file.path} as it is now (another file, or "
-                         f"this one since changed), which --data reads when it is left out: give --data "
-                         f"the file it trained on (or --data {data_file.path} to go on with this one)")
+    if other and not data_file.named:
+        raise ValueError(f"{not_its_own}, which --data reads when it is left out: give --data the file it "
+                         f"trained on (or --data {data_file.path} to go on with this one)")
+    # A report's figures of another text would stand beside the run's own losses, as if its own.
+    if other and its_own:
+        raise ValueError(f"{not_its_own}: give --data the file it trained on, as it was then")
     if data.is_ids(data_file) and data_file.dtype is None and was in data.ID_DTYPES:
         data_file = dataclasses.replace(data_file, dtype=was)
     now = (data_file.dtype or "uint16") if data.is_ids(data_file) else "text"
@@ -339,9 +366,14 @@ def record_data(trainer, record):
 MAX_ITER = 2 ** 53
 
 
-def finite(value, low=-math.inf):
-    """Whether value is a number (an int or a float, not a bool) from low up, and not NaN or inf."""
-    return type(value) in (int, float) and low <= value < math.inf
+# Past any loss, rate or clock a run records (1e15 seconds is 30 million years), and far enough
+# from float64's largest that a chart's arithmetic on it cannot overflow.
+LARGEST = 1e15
+
+
+def finite(value, low=-LARGEST):
+    """Whether value is a number (an int or a float, not a bool) from low up to LARGEST."""
+    return type(value) in (int, float) and low <= value <= LARGEST
 
 
 # What each kind of optimizer keeps for a parameter: the names of its state, each True when it has

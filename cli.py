@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import errno
 import os
+import re
 import sys
 import unicodedata
 
@@ -17,9 +18,14 @@ import gpt
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Values argparse would take for options, -1e-3 and -inf among them: no option starts so.
+        self._negative_number_matcher = re.compile(r"-(\.?\d|inf$|nan$)", re.IGNORECASE)
+
     def error(self, message):
-        # argparse's message on one line, without the usage block above it; under torchrun, from
-        # the first process alone, as every process reads the same command line.
+        # argparse's message on one line, without its usage block; under torchrun, from the first
+        # process alone (every process reads the same command line).
         self.exit(2, None if other_process() else f"{self.prog}: error: {message} (see --help)\n")
 
 
@@ -233,9 +239,8 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     # An OSError made here, (errno, message): the message, without its "[Errno N]".
     if isinstance(error, OSError) and error.strerror and error.filename is None:
         text = error.strerror
-    # Messages made here are one line, but for a path or a name given with a control character in
-    # it (a newline, a carriage return, a terminal's escape), which is shown escaped, so that the
-    # reason and the advice after it stay and the terminal is not driven.
+    # A path or a name given with a control character (a newline, a carriage return, a terminal's
+    # escape) is shown escaped: the message stays one line, and the terminal is not driven.
     if isinstance(error, (ValueError, OSError)):
         return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc"
                        else c for c in text)

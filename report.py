@@ -163,7 +163,8 @@ def labels(tokenizer, ids):
 def nice_ticks(low, high, count=5):
     """About count round numbers, 1, 2 or 5 times a power of ten apart, from at most low to at
     least high."""
-    if not high > low:
+    # A span too small for ticks 12 digits long (5e-324 beside 0 among them) is drawn as flat.
+    if not high - low > 1e-9:
         high = low + abs(low) * 0.1 + 1e-9
     raw = (high - low) / count
     power = 10 ** math.floor(math.log10(raw))
@@ -401,7 +402,8 @@ def make(model, tokenizer, history, val, tc, out_dir, figures, log):
     log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one token of context, all "
         f"a bigram model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
     sample = closing_sample(model, tokenizer, val)
-    log("sample:\n" + sample)
+    # A text's controls would drive the terminal (a checkpoint's characters may hold any).
+    log("sample:\n" + visible(sample))
     if not out_dir:
         return None
     path = os.path.join(out_dir, "report.html")

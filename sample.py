@@ -33,7 +33,7 @@ SAMPLING = dict(num_samples=2, max_new_tokens=500, temperature=0.8, seed=cli.FIE
 def parse_args(argv=None):
     parser = cli.Parser(description="Sample text from out_dir/ckpt.pt (or GPT-2), printed as it is "
                                     "drawn; or write its report page.")
-    parser.add_argument("--out_dir", default="out", help="folder of ckpt.pt (default: %(default)s)")
+    parser.add_argument("--out_dir", help="folder of ckpt.pt (default: out)")
     parser.add_argument("--init_from", metavar="GPT2", type=cli.not_empty("a folder, or a name such as gpt2"),
                         help="sample GPT-2 instead: a folder with config.json and model.safetensors, "
                              "or gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded with "
@@ -73,6 +73,11 @@ def parse_args(argv=None):
         parser.error(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for sampling, and --report draws "
                      f"its own sample (temperature 0.8, seed 0): leave {'it' if len(given) == 1 else 'them'} out, "
                      f"or sample without --report")
+    # Each names the model to sample: one of them would be dropped without a word.
+    if args.init_from is not None and args.out_dir is not None and not args.report:
+        parser.error("--out_dir names a run's checkpoint to sample, and --init_from GPT-2's weights: give one "
+                     "of them")
+    args.out_dir = "out" if args.out_dir is None else args.out_dir
     for name, default in SAMPLING.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -116,16 +121,17 @@ def print_samples(model, tokenizer, start, args, device):
         with report.sampling_autocast(device):
             # The arguments are checked here, before anything is printed.
             first = next(tokens)
-            print(("" if i == 0 else "\n---------------\n") + start, end="", flush=True)
+            # Controls are shown as escapes, never sent (a checkpoint's characters may hold any).
+            print(("" if i == 0 else "\n---------------\n") + report.visible(start), end="", flush=True)
             # The tokens drawn and not yet printed.
             waiting = []
             for token in itertools.chain([first], tokens):
                 waiting += token[0].tolist()
                 text = tokenizer.decode(waiting)
                 if not text.endswith("\ufffd") or len(waiting) >= HELD_BACK:
-                    print(text, end="", flush=True)
+                    print(report.visible(text), end="", flush=True)
                     waiting = []
-            print(tokenizer.decode(waiting), end="", flush=True)
+            print(report.visible(tokenizer.decode(waiting)), end="", flush=True)
     print(flush=True)
 
 
@@ -143,7 +149,7 @@ def write_report(model, tokenizer, ckpt, path, args, device):
         raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
     if not data.is_ids(data.DataFile(args.data)):
         checkpoint.needs_tokenizer(tokenizer, path, ": give --data its .bin of token ids")
-    data_file = checkpoint.data_as_recorded(ckpt, data.DataFile(args.data, args.dtype), path, advice)
+    data_file = checkpoint.data_as_recorded(ckpt, data.DataFile(args.data, args.dtype), path, advice, its_own=True)
     ids, tokenizer = data.read_data(data_file, tokenizer, advice="give --data the text it was trained on")
     data.check_fits(ids, tc.vocab_size, tc.block_size)
     figures = dict(tokens_per_step=tc.batch_size * tc.block_size * tc.grad_accum, processes=1)

@@ -77,6 +77,10 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     (set_in(["history", 0, "seconds"], -1.0), "the evaluations"),
     (set_in(["history", 0, "iter"], True), "the evaluations"),
     (set_in(["history"], 5), "the evaluations"),
+    # Finite, but so large that the report's charts would overflow drawing them.
+    (set_in(["history", 0, "train"], 1.7e308), "the evaluations"),
+    (set_in(["history", 0, "lr"], 1e300), "the evaluations"),
+    (set_in(["elapsed"], 1e300), "1e+300 seconds of training"),
     (set_in(["rng", "torch"], torch.zeros(3, dtype=torch.uint8)), "does not fit its model (RuntimeError)"),
 ])
 def test_a_damaged_training_state_is_refused_before_adamw_steps_on_it(tmp_path, capsys, trained_dir, change, match):
@@ -333,6 +337,42 @@ def test_a_checkpoint_of_something_else_than_a_dict_is_one_line_without_torchs_w
     assert not caught and message == (
         f"error: {tmp_path / 'out' / 'ckpt.pt'} is not a checkpoint this gpt.py can load (TypeError: it holds a "
         f"{type(held).__name__}, not a dict); train a new one with python train.py")
+
+
+def with_weight(name, make):
+    return lambda ckpt: ckpt["model"].__setitem__(name, make(ckpt["model"][name]))
+
+
+@pytest.mark.parametrize("change, match", [
+    # Loaded as they are, a complex weight would lose its imaginary part with no more than a warning.
+    (with_weight("ln_f.weight", lambda w: w.to(torch.complex64)),
+     "its weight 'ln_f.weight' is a tensor of complex64, not a dense tensor of real floats"),
+    (with_weight("ln_f.weight", lambda w: w.long()), "'ln_f.weight' is a tensor of int64, not a dense"),
+    (with_weight("ln_f.weight", lambda w: w.to_sparse()), "'ln_f.weight' is a sparse_coo tensor, not a dense"),
+    (with_weight("ln_f.weight", lambda w: w.tolist()), "'ln_f.weight' is a list, not a dense"),
+    (lambda ckpt: ckpt.__setitem__("model", list(ckpt["model"])), "its model is a list, not a state dict"),
+])
+def test_a_checkpoints_weights_are_dense_tensors_of_real_floats(tmp_path, capsys, trained_dir, change, match):
+    hand_made(trained_dir, tmp_path / "out", change)
+    message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
+    assert "is not a checkpoint this gpt.py can load (TypeError: its " in message and match in message, message
+
+
+def test_a_config_of_a_larger_model_than_the_weights_is_refused_before_that_model_is_made(
+        tmp_path, capsys, trained_dir, monkeypatch):
+    # A small file may name a model of gigabytes: it is made first where it takes no memory.
+    hand_made(trained_dir, tmp_path / "out", lambda ckpt: ckpt["config"].update(n_layer=3, n_embd=256))
+    made = []
+    real_init = gpt.GPT.__init__
+
+    def init(model, config):
+        made.append((config.n_layer, config.n_embd, torch.empty(0).device.type))
+        real_init(model, config)
+
+    monkeypatch.setattr(gpt.GPT, "__init__", init)
+    message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
+    assert "(RuntimeError: Error(s) in loading state_dict for GPT: Missing key(s)" in message, message
+    assert made == [(3, 256, "meta")]
 
 
 def test_a_checkpoint_this_process_may_not_read_is_said_so_not_called_corrupt(trained_dir, monkeypatch):

@@ -60,8 +60,8 @@ CARD_LINES = 600
 # data, and plain code. Only a change that wins by measurement (docs/benchmarks.md says what each
 # bought), or a check of what would otherwise go silently wrong or lose a run's work, may grow it;
 # the card's size waits on a choice of what it holds.
-GPT_PY_CODE_LINES = 482
-GPT_PY_LINES = 754
+GPT_PY_CODE_LINES = 484
+GPT_PY_LINES = 757
 
 
 def parents_of(tree):
@@ -586,6 +586,19 @@ def test_sample_itself_refuses_a_temperature_that_would_turn_or_flatten_the_dist
     for huge in (1e6, 3e38):  # the largest float32 takes: each logit over it still apart
         draws = gpt.sample(logits.expand(400, 4), huge, top_k=2, generator=torch.Generator().manual_seed(0))
         assert set(draws.flatten().tolist()) == {0, 1}  # uniform over the top_k
+
+
+def test_sample_refuses_logits_of_nan_or_inf_and_keeps_tokens_held_out_at_minus_inf():
+    # Weights too large for float32 give logits of inf or NaN: greedy would pick the NaN's token in silence.
+    for bad in (float("nan"), math.inf):
+        logits = torch.tensor([[0.0, 1.0, bad, 2.0]])
+        for temperature in (0, 1):
+            with pytest.raises(ValueError, match="^logits of NaN or \\+inf, from weights that overflow"):
+                gpt.sample(logits, temperature)
+    # -inf is a token held out (sample.py holds out a padded vocabulary so): never drawn, never refused.
+    held_out = torch.tensor([[0.0, -math.inf, 1.0]]).expand(300, 3)
+    assert 1 not in gpt.sample(held_out, 1.0, generator=torch.Generator().manual_seed(0)).flatten().tolist()
+    assert gpt.sample(held_out, 0).flatten().tolist() == [2] * 300
 
 
 @pytest.mark.parametrize("prompt, checked", [

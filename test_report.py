@@ -37,6 +37,17 @@ def test_train_py_writes_a_report_page_and_sample_py_writes_it_again(tmp_path, c
     assert capsys.readouterr().err == ""
     again = report_page(tmp_path / "out")
     assert again.count('<svg class="attention"') == 4 and again.count('data-points="3"') == 5  # 2 charts' curves
+    # Another text (or this one changed) would give figures of other data beside the run's own losses.
+    (tmp_path / "other.txt").write_text((tmp_path / "data.txt").read_text(encoding="utf-8")[::-1], encoding="utf-8")
+    with open(tmp_path / "data.txt", "a", encoding="utf-8") as f:
+        f.write("a line more")
+    for text in ("other.txt", "data.txt"):
+        message = one_line_error(capsys, sample, "--report", "--out_dir", str(tmp_path / "out"), "--data",
+                                 str(tmp_path / text))
+        assert message == (f"error: {tmp_path / 'out' / 'ckpt.pt'} was not trained on {tmp_path / text} as it is now "
+                           f"(another file, or this one since changed): give --data the file it trained on, as it "
+                           f"was then"), message
+    assert report_page(tmp_path / "out") == again  # the run's own page stays
 
 
 def test_sampling_runs_in_float32_on_a_cpu_with_bfloat16_and_under_gpt_autocast_on_a_gpu(monkeypatch):
@@ -50,6 +61,10 @@ def test_the_report_draws_every_value_inside_its_axes():
     for low, high in ((3.08, 4.41), (0.15, 0.37), (30, 90), (1e-4, 3e-3), (2.0, 2.0), (-1.5, 7.0)):
         ticks = report.nice_ticks(low, high)
         assert ticks[0] <= low and ticks[-1] >= high and 3 <= len(ticks) <= 12, (low, high, ticks)
+    # A span too small to tell apart (5e-324 is the least float above 0) is drawn flat, never divided by.
+    for low, high in ((0.0, 5e-324), (1.0, 1.0 + 1e-12), (-5e-324, 0.0)):
+        ticks = report.nice_ticks(low, high)
+        assert ticks[0] <= low + 1e-9 and ticks[-1] >= high - 1e-9 and 2 <= len(ticks) <= 12, (low, high, ticks)
     png = report.png([[(255, 0, 0), (0, 0, 255)]])
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IHDR" in png and png.endswith(b"IEND\xaeB`\x82")
 
@@ -80,6 +95,15 @@ def test_the_report_of_a_checkpoint_without_its_optimizers_states_is_drawn_from_
     sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt")])
     assert "wrote" in capsys.readouterr().out
     assert report_page(tmp_path / "out").count('<svg class="attention"') == 2
+
+
+def test_the_report_draws_evaluations_from_the_least_float_above_zero_to_the_largest_a_checkpoint_may_hold(
+        tmp_path, capsys, trained_dir):
+    extremes = dict(train=1e15, val=5e-324, lr=5e-324, seconds=1e15)
+    hand_made(trained_dir, tmp_path / "out", lambda ckpt: ckpt["history"][0].update(extremes))
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt")])
+    assert "wrote" in capsys.readouterr().out and report_page(tmp_path / "out").count("<svg") >= 2
 
 
 def test_the_report_of_a_checkpoint_without_its_options_takes_the_models(tmp_path, capsys, trained_dir):

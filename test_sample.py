@@ -42,6 +42,8 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
 @pytest.mark.parametrize("flags, match", [
     # The sampling arguments are gpt.GPT.stream's to check: one line that names them, before anything is printed.
     *[([f"--{name}", value], name) for name in ("temperature", "top_p") for value in ("nan", "inf", "-1")],
+    (["--temperature", "-inf"], "argument --temperature: must be a finite number of at least 0, got -inf"),
+    (["--top_p", "-1e-3"], "top_p must be in (0, 1], not -0.001"),
     (["--top_p", "0"], "top_p"),
     (["--top_p", "1.2"], "top_p"),
     (["--top_p", "1e-300", "--start", "\u00e9"], "not in the vocabulary"),  # a tiny top_p is accepted
@@ -70,9 +72,15 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--out_dir", "EMPTY_CKPT"], "can load (EOFError); train a new one"),
     (["--out_dir", "FEW_CHARS"], "(ValueError: 5 characters for a vocab_size of"),
     (["--out_dir", "NAN_WEIGHTS"], "holds weights that are NaN or inf, from a run that diverged"),
+    # Finite, but too large for float32's products: no token can be drawn, greedy or not.
+    (["--out_dir", "HUGE_WEIGHTS"], "error: logits of NaN or +inf, from weights that overflow: no token can be drawn"),
+    (["--out_dir", "HUGE_WEIGHTS", "--temperature", "0"], "error: logits of NaN or +inf, from weights that overflow"),
     (["--report", "--data", "MISSING"], "cannot read the data file"),
     (["--report", "--data", ""], "argument --data: is empty: give a file"),
     (["--report", "--init_from", "gpt2"], "--report needs a checkpoint of a run"),
+    # The test gives --out_dir too: one model or the other would be dropped without a word.
+    (["--init_from", "gpt2"], "--out_dir names a run's checkpoint to sample, and --init_from GPT-2's weights: give "
+                              "one of them"),
     # The report draws its own sample: another's options are refused, never dropped.
     (["--report", "--data", "MISSING", "--temperature", "0.5", "--seed", "3"], "--temperature, --seed are for "
                                                                                "sampling, and --report draws its own"),
@@ -96,7 +104,10 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     (tmp_path / "EMPTY_CKPT" / "ckpt.pt").write_bytes(b"")
     hand_made(trained_dir, tmp_path / "FEW_CHARS", lambda ckpt: ckpt.update(chars=ckpt["chars"][:5]))
     hand_made(trained_dir, tmp_path / "NAN_WEIGHTS", lambda ckpt: ckpt["model"]["wte.weight"].fill_(float("nan")))
-    names = "CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|MISSING|NULS"
+    hand_made(trained_dir, tmp_path / "HUGE_WEIGHTS",
+              lambda ckpt: [w.fill_(3e38) for name, w in ckpt["model"].items() if "c_fc" in name])
+    names = ("CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|HUGE_WEIGHTS|"
+             "MISSING|NULS")
     flags = [re.sub(names, lambda m: str(tmp_path / m.group(0)), f) for f in flags]
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)
     # Only --data reads token ids from a .bin: no other option's refusal suggests one.
@@ -169,3 +180,13 @@ def test_the_report_needs_the_runs_data_and_holds_it_to_train_pys_checks(tmp_pat
 def test_data_and_dtype_without_report_are_refused(capsys, trained_dir):
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, "--dtype", "uint8")
     assert "--data and --dtype are for --report" in message
+
+
+def test_a_samples_controls_print_as_escapes_and_never_drive_the_terminal(tmp_path, capsys):
+    # A text's characters, and so a checkpoint's, may be any: a terminal's escape, a bell, a mark that turns the line.
+    (tmp_path / "data.txt").write_text("\x1b\x07\u202e" * 300, encoding="utf-8")
+    train.main(tiny_flags(tmp_path, max_iters=2))
+    closing = capsys.readouterr().out.split("sample:\n")[1]  # train.py's closing sample
+    assert re.match(r"(\\x1b|\\x07|\\u202e){20}", closing), closing
+    sample.main(["--out_dir", str(tmp_path / "out"), "--max_new_tokens", "30", "--num_samples", "1"])
+    assert re.fullmatch(r"(\\x1b|\\x07|\\u202e){31}\n", capsys.readouterr().out)  # the prompt, then 30 drawn
