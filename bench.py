@@ -1449,7 +1449,7 @@ def make_parser():
         help="with a harness: an option of train.py for every run, as its flag takes it (--set muon_lr=0.02); "
              "again for more")
     add("--device", default="cpu", help="cpu or cuda; the NumPy twin is timed on CPU runs only (default: %(default)s)")
-    add("--json", metavar="PATH", help="also write the figures to this JSON file")
+    add("--json", metavar="PATH", type=cli.not_empty("a file"), help="also write the figures to this JSON file")
     return parser
 
 
@@ -1644,11 +1644,8 @@ def measure(argv=None):
     check_args(parser, args)
     device = cli.usable_device(args.device)
     made = bool(args.json) and not os.path.lexists(args.json)
-    try:  # an unwritable --json fails now, not after minutes of measuring; "a" leaves a file there as it is till then
-        if args.json:
-            open(args.json, "a").close()
-    except OSError as e:
-        raise ValueError(f"cannot write {args.json} ({e.strerror}): pass --json a file in a folder that exists")
+    if args.json:
+        check_json(args.json)
     try:
         measure_mode(args, device)
     # A run that fails or is stopped leaves no empty --json of its own making.
@@ -1657,6 +1654,27 @@ def measure(argv=None):
             with contextlib.suppress(OSError):
                 os.remove(args.json)
         raise
+
+
+def check_json(path):
+    """--json's file, refused now rather than after minutes of measuring: one that cannot be written, that is no
+    regular file (a pipe would block for good), or that holds anything but figures this wrote (it would be lost)."""
+    if os.path.lexists(path):
+        if not os.path.isfile(path):
+            raise ValueError(f"cannot write {path} (it is no regular file: a folder, a pipe, a device or a broken "
+                             f"link): pass --json a file")
+        try:
+            with open(path, encoding="utf-8") as f:
+                figures = json.loads(f.read(10 ** 7))
+        except (OSError, ValueError):
+            figures = None
+        if not (isinstance(figures, dict) and "date" in figures and "torch" in figures):
+            raise ValueError(f"{path} holds something other than figures bench.py wrote, which --json would write "
+                             f"over: pass --json a new file (or remove this one)")
+    try:  # "a" leaves a file there as it is till the figures are written
+        open(path, "a").close()
+    except OSError as e:
+        raise ValueError(f"cannot write {path} ({e.strerror}): pass --json a file in a folder that exists") from None
 
 
 def measure_mode(args, device):

@@ -397,6 +397,7 @@ def state_fits(optimizer, saved):
             shape = params[i].shape if like_param else ()
             dtype = params[i].dtype if like_param else state[name].dtype
             if not (torch.is_tensor(state[name]) and state[name].is_floating_point()
+                    and state[name].layout == torch.strided
                     and state[name].shape == shape and state[name].dtype == dtype):
                 return False
     return True
@@ -431,9 +432,9 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
     wrong = f"{path} holds a training state that does not fit its model"
     iteration = ckpt["iter"]
     if not (type(iteration) is int and 0 <= iteration < MAX_ITER):
-        raise ValueError(f"{wrong}: iteration {iteration!r}; {advice}")
+        raise ValueError(f"{wrong}: iteration {cli.shown(iteration)}; {advice}")
     if not finite(ckpt["elapsed"], 0):
-        raise ValueError(f"{wrong}: {ckpt['elapsed']!r} seconds of training; {advice}")
+        raise ValueError(f"{wrong}: {cli.shown(ckpt['elapsed'])} seconds of training; {advice}")
     try:
         saved = ckpt["optimizers"]
         fits = len(saved) == len(trainer.optimizers) and all(
@@ -474,7 +475,13 @@ def restore(trainer, ckpt):
     random states."""
     for optimizer, saved in zip(trainer.optimizers, ckpt["optimizers"], strict=True):
         own = optimizer.state_dict()["param_groups"]
-        optimizer.load_state_dict({"state": saved["state"], "param_groups": own})
+        # Each a dense tensor of its own, as the optimizer keeps them: a hand-made state may spread one
+        # value over a tensor (stride 0, which the fused AdamW overruns) or give several weights one
+        # tensor (each step of each would write it).
+        state = {}
+        for i, kept in saved["state"].items():
+            state[i] = {name: value.clone(memory_format=torch.contiguous_format) for name, value in kept.items()}
+        optimizer.load_state_dict({"state": state, "param_groups": own})
     trainer.it = ckpt["iter"]
     trainer.elapsed = ckpt["elapsed"]
     trainer.history = ckpt["history"]

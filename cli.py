@@ -30,9 +30,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def other_process():
-    """Whether this is a process of a torchrun job other than the first (RANK 1 and on)."""
-    rank = os.environ.get("RANK", "0")
-    return os.environ.get("WORLD_SIZE", "1") != "1" and rank.isdigit() and int(rank) > 0
+    """Whether this is a process of a torchrun job other than the first: RANK 1 and on, as torchrun sets it."""
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    return "LOCAL_RANK" in os.environ and rank.isdigit() and world.isdigit() and 0 < int(rank) < int(world)
 
 
 def number(kind, ok, rule):
@@ -227,10 +227,10 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     other RuntimeError is a bug, raised again with its traceback, which helps to find it."""
     text = str(error).strip()
     first = (text.splitlines() or [""])[0]
-    # MemoryError is Python's; torch reports "... can't allocate memory", "CUDA out of memory",
-    # C++'s std::bad_alloc, or, for sizes beyond any memory, an overflowed storage size.
-    if isinstance(error, MemoryError) or any(s in text.lower() for s in ("memory", "bad_alloc",
-                                                                         "size calculation overflow")):
+    # MemoryError is Python's; torch's RuntimeError says "... can't allocate memory", "CUDA out of memory", C++'s
+    # std::bad_alloc, or an overflowed storage size (a message made here may name a path such as memory.txt).
+    if isinstance(error, MemoryError) or isinstance(error, RuntimeError) and any(
+            s in text.lower() for s in ("memory", "bad_alloc", "size calculation overflow")):
         return f"out of memory ({first or type(error).__name__}): {advice}"
     # A full disk under what is printed (python sample.py > file): the write names no file, and the
     # system's words are all it says (an error made here with ENOSPC has words of its own).

@@ -27,16 +27,20 @@ class Failed(ValueError):
 
 
 def ranks():
-    """(rank, local rank, world size) as torchrun sets them; (0, 0, 1) in a single process."""
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world > 1:
-            return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), world
+    """(rank, local rank, world size) as torchrun sets them; (0, 0, 1) in a single process. Others
+    are refused in one line: a rank past the world would wait for its peers for good."""
+    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+    if os.environ.get("WORLD_SIZE", "1") == "1":
         return 0, 0, 1
+    try:
+        world, rank, local = (int(os.environ[name]) for name in names)
+        if 0 <= local <= rank < world:
+            return rank, local, world
     except (KeyError, ValueError):
-        raise ValueError(f"WORLD_SIZE is {os.environ.get('WORLD_SIZE')!r} without torchrun's RANK and "
-                         f"LOCAL_RANK: launch with torchrun --nproc_per_node=N train.py, or unset "
-                         f"WORLD_SIZE") from None
+        pass
+    told = ", ".join(f"{name} {cli.shown(os.environ[name]) if name in os.environ else 'not set'}" for name in names)
+    raise ValueError(f"{told}: not as torchrun sets them (whole numbers, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE): "
+                     f"launch with torchrun --nproc_per_node=N train.py, or unset WORLD_SIZE")
 
 
 def agree_on_setup(error, trainer, rank, world):

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import types
@@ -22,6 +23,10 @@ from conftest import HERE, HANG, SWITCHES, TEXT, TINY, interrupted, one_line_err
 
 @pytest.mark.parametrize("flags, match", [
     (["--quality", "1", "--json", "FOLDER"], "cannot write"),  # before the run, not after it has measured for minutes
+    # A file of the user's, which the figures would write over: a text, or JSON that is no figures of bench.py's.
+    (["--quality", "1", "--json", "TEXT"], "holds something other than figures bench.py wrote, which --json would "
+                                           "write over: pass --json a new file"),
+    (["--quality", "1", "--json", "CONFIG"], "holds something other than figures bench.py wrote"),
     (["--candidates", "1", "--data", ""], "cannot read the data file"),  # "" is no file, not input.txt
     (["--nanogpt", "FOLDER"], "no model.py in"),
     (["--nanogpt", "EXITS"], "cannot import GPT and GPTConfig from"),
@@ -32,10 +37,34 @@ def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, capsy
     os.makedirs(tmp_path / "FOLDER")
     os.makedirs(tmp_path / "EXITS")
     (tmp_path / "EXITS" / "model.py").write_text("import sys\nsys.exit(0)\n")
+    (tmp_path / "TEXT").write_text(TEXT, encoding="utf-8")
+    (tmp_path / "CONFIG").write_text('{"model_type": "gpt2"}', encoding="utf-8")
     message = one_line_error(capsys, bench, *[str(tmp_path / f) if f.isupper() else f for f in flags])
     assert message.startswith("error: ") and match in message, message  # sys.exit("error: ..."): status 1
+    assert (tmp_path / "TEXT").read_text(encoding="utf-8") == TEXT
     said = capsys.readouterr()
     assert said.err == "" and "val loss" not in said.out
+
+
+def test_a_pipe_as_json_is_refused_where_it_blocked_for_good(tmp_path, capsys):
+    os.mkfifo(tmp_path / "fifo")
+
+    def stuck(signum, frame):
+        raise TimeoutError("bench.py waited 30 s for a reader of the pipe")
+
+    before = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(30)
+    try:
+        message = one_line_error(capsys, bench, "--quality", "1", "--json", str(tmp_path / "fifo"))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    assert "(it is no regular file: a folder, a pipe, a device or a broken link): pass --json a file" in message
+
+
+def test_an_empty_json_path_is_refused_where_it_wrote_nothing_in_silence(capsys):
+    message = one_line_error(capsys, bench, "--quality", "1", "--json", "")
+    assert message.endswith("error: argument --json: is empty: give a file (see --help)"), message
 
 
 def test_a_run_that_fails_leaves_no_json_of_its_own_making(tmp_path, capsys):
@@ -65,7 +94,8 @@ def test_bench_gpt2_without_transformers_is_one_line(capsys, monkeypatch):
 
 def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path):
     (tmp_path / "text").write_text(TEXT, encoding="utf-8")
-    (tmp_path / "bench.json").write_text('{"figures": "of the run before"}')
+    before = '{"date": "2026-12-04", "torch": "2.13.0", "figures": "of the run before"}'
+    (tmp_path / "bench.json").write_text(before)
     os.makedirs(tmp_path / "tmp")
     # Signalled once the run has saved its first weights, in a temporary folder of its own: training has begun.
     status, out, err = interrupted(["bench.py", "--quality", "600", "--data", str(tmp_path / "text"),
@@ -73,7 +103,7 @@ def test_ctrl_c_ends_bench_quality_in_one_line_and_leaves_the_last_json(tmp_path
                                    after_file=str(tmp_path / "tmp" / "*" / "ckpt.pt"),
                                    env=dict(TMPDIR=str(tmp_path / "tmp")))
     assert status == 130 and re.fullmatch(r"SIGINT: stopped after \d+ s, so no val loss\n", err), err
-    assert (tmp_path / "bench.json").read_text() == '{"figures": "of the run before"}'
+    assert (tmp_path / "bench.json").read_text() == before
 
 
 def test_bench_measures_reading_a_text_into_ids(tmp_path):

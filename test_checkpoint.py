@@ -41,6 +41,28 @@ def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(
         assert torch.equal(p, q), name
 
 
+def test_each_restored_optimizer_state_is_a_dense_tensor_of_its_own(tmp_path, trained_dir):
+    # A hand-made checkpoint may spread one value over a moment (stride 0: the fused AdamW overran it and
+    # crashed) or give several weights one momentum buffer (each step of each wrote it, in silence).
+    model, tokenizer, ckpt = checkpoint.load(os.path.join(trained_dir, "ckpt.pt"), "cpu")
+    adamw, muon = (saved["state"] for saved in ckpt["optimizers"])
+    for state in adamw.values():
+        state["exp_avg"] = torch.zeros(1).expand(state["exp_avg"].shape)
+    shared = muon[0]["momentum_buffer"]  # the first attention map's: those of its block are of its shape
+    for state in muon.values():
+        if state["momentum_buffer"].shape == shared.shape:
+            state["momentum_buffer"] = shared
+    trainer = gpt.Trainer(tiny_train_config(tmp_path, out_dir=""), TEXT, tokenizer, model.train(), log=quiet)
+    checkpoint.resume(trainer, ckpt, "ckpt.pt")
+    states = [value for optimizer in trainer.optimizers for state in optimizer.state.values()
+              for value in state.values() if value.dim()]
+    assert len(states) == len(adamw) * 2 + len(muon) > 3
+    assert all(value.is_contiguous() for value in states)
+    assert len({value.data_ptr() for value in states}) == len(states)
+    for _ in trainer.steps():  # and the run goes on
+        pass
+
+
 def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameters(tmp_path):
     tc = tiny_train_config(tmp_path)
     first = gpt.Trainer(tc, TEXT, log=quiet)
@@ -59,6 +81,8 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     (set_in(["optimizers", 0, "state", 0, "exp_avg"], torch.zeros(3, 3)), "optimizers' states"),  # the fused overrun
     (set_in(["optimizers", 0, "state", 0, "exp_avg_sq"], "x"), "optimizers' states"),
     (set_in(["optimizers", 0, "state", 0, "exp_avg"], None), "optimizers' states"),
+    (lambda ckpt: ckpt["optimizers"][0]["state"][0].update(exp_avg=ckpt["optimizers"][0]["state"][0]["exp_avg"]
+                                                           .to_sparse()), "optimizers' states"),  # a traceback
     (lambda ckpt: ckpt["optimizers"][0]["state"][0].update(exp_avg=ckpt["optimizers"][0]["state"][0]["exp_avg"].double()
                                                            ), "optimizers' states"),  # the right shape, another type
     (set_in(["optimizers", 0, "state", -1], {}), "optimizers' states"),
@@ -81,6 +105,8 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     (set_in(["history", 0, "train"], 1.7e308), "the evaluations"),
     (set_in(["history", 0, "lr"], 1e300), "the evaluations"),
     (set_in(["elapsed"], 1e300), "1e+300 seconds of training"),
+    (set_in(["elapsed"], 10 ** 400), "an integer of 401 digits seconds of training"),  # not 401 digits on the line
+    (set_in(["iter"], 10 ** 400), "iteration an integer of 401 digits"),
     (set_in(["rng", "torch"], torch.zeros(3, dtype=torch.uint8)), "does not fit its model (RuntimeError)"),
 ])
 def test_a_damaged_training_state_is_refused_before_adamw_steps_on_it(tmp_path, capsys, trained_dir, change, match):

@@ -121,6 +121,12 @@ def test_every_kind_of_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch, 
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write finds the disk full")
+def test_a_path_that_names_memory_is_not_said_to_be_out_of_memory(tmp_path, capsys):
+    message = one_line_error(capsys, train, "--data", str(tmp_path / "memory.txt"))
+    assert message.startswith("error: cannot read the data file") and "out of memory" not in message, message
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write finds the disk full")
 def test_output_to_a_full_disk_is_one_line(trained_dir):
     for args in (["sample.py", "--out_dir", trained_dir], ["gpt_numpy.py", "--check"]):
         with open("/dev/full", "w") as full:

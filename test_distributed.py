@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import cli
 import distributed
 import gpt
 import train
@@ -143,8 +144,37 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
                         r"process stopped; the last checkpoint in .*out is as it was\n", err), err
 
 
+@pytest.mark.parametrize("env, expected", [
+    ({}, (0, 0, 1)),
+    ({"RANK": "1"}, (0, 0, 1)),  # a rank set alone: a single process
+    ({"WORLD_SIZE": "1", "RANK": "3", "LOCAL_RANK": "3"}, (0, 0, 1)),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, (1, 1, 2)),
+    ({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}, (3, 1, 4)),  # the second node's second process
+    # Each of these waited for peers that never come, or trained as one process in silence.
+    ({"WORLD_SIZE": "2", "RANK": "5", "LOCAL_RANK": "0"}, "WORLD_SIZE '2', RANK '5', LOCAL_RANK '0': not as torchrun"),
+    ({"WORLD_SIZE": "2", "RANK": "-1", "LOCAL_RANK": "0"}, "RANK '-1'"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "1"}, "LOCAL_RANK '1': not as torchrun"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE '0', RANK not set, LOCAL_RANK not set: not as torchrun sets them (whole "
+                          "numbers, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE): launch with torchrun"),
+    ({"WORLD_SIZE": "abc", "RANK": "0", "LOCAL_RANK": "0"}, "WORLD_SIZE 'abc'"),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "LOCAL_RANK not set"),
+])
+def test_torchruns_variables_are_read_as_it_sets_them_or_refused_in_one_line(monkeypatch, env, expected):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # A process that is not torchrun's says what is wrong with its command line itself, never silenced as a second.
+    assert cli.other_process() == (expected == (1, 1, 2) or expected == (3, 1, 4))
+    if isinstance(expected, tuple):
+        assert distributed.ranks() == expected
+    else:
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            distributed.ranks()
+
+
 @pytest.mark.parametrize("env, match", [
-    (dict(WORLD_SIZE="2"), "without torchrun's RANK and LOCAL_RANK"),
+    (dict(WORLD_SIZE="2"), "WORLD_SIZE '2', RANK not set, LOCAL_RANK not set: not as torchrun sets them"),
     (dict(RANK="1"), "cannot read the data file"),  # a rank set alone: still a single process, which says what
 ])
 def test_a_stray_distributed_environment_is_one_line(tmp_path, env, match):
