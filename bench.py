@@ -1207,6 +1207,11 @@ CANDIDATES = {
     "batch 2, four micro-batches a step, windows without replacement": Setting(changes=dict(batch_size=2, grad_accum=4),
                                                                              batch=epochs_batch),
     "windows without replacement, NorMuon": Setting(batch=epochs_batch, optimizers=normuon),
+    # Six rows a step where the pair takes eight: micro-batches small enough to stay within the default's memory.
+    "two micro-batches of 3 a step, windows without replacement": Setting(changes=dict(batch_size=3, grad_accum=2),
+                                                                        batch=epochs_batch),
+    "three micro-batches of 2 a step, windows without replacement": Setting(changes=dict(batch_size=2, grad_accum=3),
+                                                                          batch=epochs_batch),
     "Polar Express": Setting(newton_schulz=polar_express),
     "half the rotary pairs unturned": Setting(model=half_rope),
     # Muon at the rate that gives the Polar Express's updates the size of the default's: on random matrices of the
