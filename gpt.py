@@ -325,9 +325,9 @@ def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     # 0 / 0: less their max and over 1e-30, the others go to -inf and the largest stays 0.
     logits = logits.float()
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
-    # NaN here comes of a NaN or +inf logit (weights too large for float32): greedy would pick it.
+    # NaN here comes of a NaN or +inf logit (weights too large for float32): greedy picks it.
     if logits.isnan().any():
-        raise ValueError("logits of NaN or +inf, from weights that overflow: no token can be drawn")
+        raise ValueError("logits of NaN or +inf, from weights that overflow: no token to draw")
     probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
     if temperature == 0:
         return probs.argmax(dim=-1, keepdim=True)

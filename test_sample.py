@@ -73,7 +73,7 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--out_dir", "FEW_CHARS"], "(ValueError: 5 characters for a vocab_size of"),
     (["--out_dir", "NAN_WEIGHTS"], "holds weights that are NaN or inf, from a run that diverged"),
     # Finite, but too large for float32's products: no token can be drawn, greedy or not.
-    (["--out_dir", "HUGE_WEIGHTS"], "error: logits of NaN or +inf, from weights that overflow: no token can be drawn"),
+    (["--out_dir", "HUGE_WEIGHTS"], "error: logits of NaN or +inf, from weights that overflow: no token to draw"),
     (["--out_dir", "HUGE_WEIGHTS", "--temperature", "0"], "error: logits of NaN or +inf, from weights that overflow"),
     (["--report", "--data", "MISSING"], "cannot read the data file"),
     (["--report", "--data", ""], "argument --data: is empty: give a file"),
