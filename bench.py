@@ -1421,7 +1421,8 @@ def names(settings):
 def make_parser():
     parser = cli.Parser(description="Benchmark gpt.py on this machine.")
     add = parser.add_argument
-    add("--nanogpt", metavar="DIR", help="instead: time this project beside nanoGPT's model.py in DIR")
+    add("--nanogpt", metavar="DIR", type=cli.not_empty("the folder of nanoGPT's model.py"),
+        help="instead: time this project beside nanoGPT's model.py in DIR")
     add("--profile", action="store_true", help="instead: profile training and decode steps")
     add("--maps", action="store_true",
         help="instead: time steps with the attention's plain maps and with them in one stacked product")

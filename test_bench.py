@@ -65,6 +65,8 @@ def test_a_pipe_as_json_is_refused_where_it_blocked_for_good(tmp_path, capsys):
 def test_an_empty_json_path_is_refused_where_it_wrote_nothing_in_silence(capsys):
     message = one_line_error(capsys, bench, "--quality", "1", "--json", "")
     assert message.endswith("error: argument --json: is empty: give a file (see --help)"), message
+    message = one_line_error(capsys, bench, "--nanogpt", "")  # which said "no model.py in :"
+    assert message.endswith("error: argument --nanogpt: is empty: give the folder of nanoGPT's model.py (see --help)")
 
 
 def test_a_run_that_fails_leaves_no_json_of_its_own_making(tmp_path, capsys):
@@ -497,7 +499,7 @@ def test_bench_quality_runs_again_when_asked_and_prints_the_median(monkeypatch, 
     (["--candidates", "1", "--nanogpt", "x"], "--candidates and --nanogpt are two modes"),
     (["--data", "x.txt"], "--data goes with --quality, --optimizers"),  # the speed benchmark reads none
     (["--maps", "--data", "x.txt"], "--data goes with --quality, --optimizers"),
-    (["--quality", "--nanogpt", ""], "--quality takes SECONDS, or with --nanogpt DIR none"),  # not "two modes"
+    (["--quality", "--nanogpt", ""], "argument --nanogpt: is empty: give the folder"),  # "" is no folder
     (["--candidates", "1", "--dtype", "uint32"], "--dtype is the type of the ids in a .bin --data: give --data too"),
 ])
 def test_the_harness_flags_are_refused_in_one_line_before_anything_runs(capsys, flags, match):
