@@ -1665,7 +1665,8 @@ def measure(argv=None):
 def check_json(path):
     """--json's file, refused now rather than after minutes of measuring: one that cannot be written, that is no
     regular file (a pipe would block for good), or that holds anything but figures this wrote (it would be lost)."""
-    if os.path.lexists(path):
+    # An empty file holds nothing to lose (touch, or a run killed before it wrote its figures).
+    if os.path.lexists(path) and not (os.path.isfile(path) and os.path.getsize(path) == 0):
         if not os.path.isfile(path):
             raise ValueError(f"cannot write {path} (it is no regular file: a folder, a pipe, a device or a broken "
                              f"link): pass --json a file")

@@ -475,18 +475,29 @@ def restore(trainer, ckpt):
     random states."""
     for optimizer, saved in zip(trainer.optimizers, ckpt["optimizers"], strict=True):
         own = optimizer.state_dict()["param_groups"]
-        # Each a dense tensor of its own, as the optimizer keeps them: a hand-made state may spread one
-        # value over a tensor (stride 0, which the fused AdamW overruns) or give several weights one
-        # tensor (each step of each would write it).
-        state = {}
-        for i, kept in saved["state"].items():
-            state[i] = {name: value.clone(memory_format=torch.contiguous_format) for name, value in kept.items()}
-        optimizer.load_state_dict({"state": state, "param_groups": own})
+        optimizer.load_state_dict({"state": own_tensors(saved["state"]), "param_groups": own})
     trainer.it = ckpt["iter"]
     trainer.elapsed = ckpt["elapsed"]
     trainer.history = ckpt["history"]
     torch.set_rng_state(ckpt["rng"]["torch"])
     trainer.generator.set_state(ckpt["rng"]["batches"])
+
+
+def own_tensors(states):
+    """Optimizer states, each a dense tensor with memory of its own, as an optimizer keeps them: a
+    hand-made one may spread one value over a tensor (stride 0, which the fused AdamW would overrun)
+    or give several weights one memory (each one's step would write it). Only those are copied."""
+    seen = set()
+    owned = {}
+    for i, kept in states.items():
+        owned[i] = {}
+        for name, value in kept.items():
+            memory = value.untyped_storage().data_ptr()
+            if memory in seen or not value.is_contiguous():
+                value = value.clone(memory_format=torch.contiguous_format)
+            seen.add(memory)
+            owned[i][name] = value
+    return owned
 
 
 def resume(trainer, ckpt, path, advice="train without --resume"):

@@ -20,8 +20,8 @@ import gpt
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Values argparse would take for options, -1e-3 and -inf among them: no option starts so.
-        self._negative_number_matcher = re.compile(r"-(\.?\d|inf$|nan$)", re.IGNORECASE)
+        # Numbers argparse would take for options (-1e-3, -inf): no option here starts with a minus and a digit.
+        self._negative_number_matcher = re.compile(r"-(\.?\d|inf$|infinity$|nan$)", re.IGNORECASE)
 
     def error(self, message):
         # argparse's message on one line, without its usage block; under torchrun, from the first
@@ -31,8 +31,8 @@ class Parser(argparse.ArgumentParser):
 
 def other_process():
     """Whether this is a process of a torchrun job other than the first: RANK 1 and on, as torchrun sets it."""
-    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
-    return "LOCAL_RANK" in os.environ and rank.isdigit() and world.isdigit() and 0 < int(rank) < int(world)
+    told = [os.environ.get(name, "") for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE")]
+    return all(n.isdecimal() for n in told) and 0 <= int(told[0]) <= int(told[1]) < int(told[2]) and int(told[1]) > 0
 
 
 def number(kind, ok, rule):
@@ -227,10 +227,10 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     other RuntimeError is a bug, raised again with its traceback, which helps to find it."""
     text = str(error).strip()
     first = (text.splitlines() or [""])[0]
-    # MemoryError is Python's; torch's RuntimeError says "... can't allocate memory", "CUDA out of memory", C++'s
-    # std::bad_alloc, or an overflowed storage size (a message made here may name a path such as memory.txt).
-    if isinstance(error, MemoryError) or isinstance(error, RuntimeError) and any(
-            s in text.lower() for s in ("memory", "bad_alloc", "size calculation overflow")):
+    # Python's MemoryError, an ENOMEM, or torch's RuntimeError (never a message made here, which may name memory.txt).
+    said = ("memory", "bad_alloc", "size calculation overflow")
+    torch_says = isinstance(error, RuntimeError) and any(s in text.lower() for s in said)
+    if isinstance(error, MemoryError) or getattr(error, "errno", None) == errno.ENOMEM or torch_says:
         return f"out of memory ({first or type(error).__name__}): {advice}"
     # A full disk under what is printed (python sample.py > file): the write names no file, and the
     # system's words are all it says (an error made here with ENOSPC has words of its own).

@@ -325,7 +325,7 @@ def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     # 0 / 0: less their max and over 1e-30, the others go to -inf and the largest stays 0.
     logits = logits.float()
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
-    # NaN here comes of a NaN or +inf logit (weights too large for float32): greedy picks it.
+    # A NaN or +inf logit (weights too large for float32) leaves NaN here: argmax would pick it.
     if logits.isnan().any():
         raise ValueError("logits of NaN or +inf, from weights that overflow: no token to draw")
     probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)

@@ -163,8 +163,8 @@ def labels(tokenizer, ids):
 def nice_ticks(low, high, count=5):
     """About count round numbers, 1, 2 or 5 times a power of ten apart, from at most low to at
     least high."""
-    # A span too small for ticks 12 digits long (5e-324 beside 0 among them) is drawn as flat.
-    if not high - low > 1e-9:
+    # A span too small to tell apart beside its values (5e-324 beside 0 among them) is drawn as flat.
+    if not high - low > 1e-9 * max(1, abs(low), abs(high)):
         high = low + abs(low) * 0.1 + 1e-9
     raw = (high - low) / count
     power = 10 ** math.floor(math.log10(raw))

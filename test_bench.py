@@ -46,7 +46,7 @@ def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, capsy
     assert said.err == "" and "val loss" not in said.out
 
 
-def test_a_pipe_as_json_is_refused_where_it_blocked_for_good(tmp_path, capsys):
+def test_a_pipe_as_json_is_refused_before_it_can_block(tmp_path, capsys):
     os.mkfifo(tmp_path / "fifo")
 
     def stuck(signum, frame):
@@ -62,10 +62,13 @@ def test_a_pipe_as_json_is_refused_where_it_blocked_for_good(tmp_path, capsys):
     assert "(it is no regular file: a folder, a pipe, a device or a broken link): pass --json a file" in message
 
 
-def test_an_empty_json_path_is_refused_where_it_wrote_nothing_in_silence(capsys):
+def test_an_empty_json_file_is_written_and_empty_paths_are_refused_by_name(tmp_path, capsys):
+    # A file of no bytes holds nothing to lose: made by touch, or left by a run killed before it wrote its figures.
+    (tmp_path / "empty.json").write_text("")
+    bench.check_json(str(tmp_path / "empty.json"))
     message = one_line_error(capsys, bench, "--quality", "1", "--json", "")
     assert message.endswith("error: argument --json: is empty: give a file (see --help)"), message
-    message = one_line_error(capsys, bench, "--nanogpt", "")  # which said "no model.py in :"
+    message = one_line_error(capsys, bench, "--nanogpt", "")  # not "no model.py in :"
     assert message.endswith("error: argument --nanogpt: is empty: give the folder of nanoGPT's model.py (see --help)")
 
 

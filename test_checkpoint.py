@@ -42,8 +42,8 @@ def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(
 
 
 def test_each_restored_optimizer_state_is_a_dense_tensor_of_its_own(tmp_path, trained_dir):
-    # A hand-made checkpoint may spread one value over a moment (stride 0: the fused AdamW overran it and
-    # crashed) or give several weights one momentum buffer (each step of each wrote it, in silence).
+    # A hand-made checkpoint may spread one value over a moment (stride 0: the fused AdamW would overrun it) or give
+    # several weights one momentum buffer (each one's step would write it, in silence).
     model, tokenizer, ckpt = checkpoint.load(os.path.join(trained_dir, "ckpt.pt"), "cpu")
     adamw, muon = (saved["state"] for saved in ckpt["optimizers"])
     for state in adamw.values():
@@ -61,6 +61,10 @@ def test_each_restored_optimizer_state_is_a_dense_tensor_of_its_own(tmp_path, tr
     assert len({value.data_ptr() for value in states}) == len(states)
     for _ in trainer.steps():  # and the run goes on
         pass
+    # A state as the optimizer saved it is taken as it is, not copied: a large model's would take twice the memory.
+    _, _, ckpt = checkpoint.load(os.path.join(trained_dir, "ckpt.pt"), "cpu")
+    saved = ckpt["optimizers"][1]["state"]
+    assert all(checkpoint.own_tensors(saved)[i]["momentum_buffer"] is saved[i]["momentum_buffer"] for i in saved)
 
 
 def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameters(tmp_path):
@@ -82,7 +86,7 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     (set_in(["optimizers", 0, "state", 0, "exp_avg_sq"], "x"), "optimizers' states"),
     (set_in(["optimizers", 0, "state", 0, "exp_avg"], None), "optimizers' states"),
     (lambda ckpt: ckpt["optimizers"][0]["state"][0].update(exp_avg=ckpt["optimizers"][0]["state"][0]["exp_avg"]
-                                                           .to_sparse()), "optimizers' states"),  # a traceback
+                                                           .to_sparse()), "optimizers' states"),  # not a traceback
     (lambda ckpt: ckpt["optimizers"][0]["state"][0].update(exp_avg=ckpt["optimizers"][0]["state"][0]["exp_avg"].double()
                                                            ), "optimizers' states"),  # the right shape, another type
     (set_in(["optimizers", 0, "state", -1], {}), "optimizers' states"),

@@ -150,7 +150,7 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
     ({"WORLD_SIZE": "1", "RANK": "3", "LOCAL_RANK": "3"}, (0, 0, 1)),
     ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, (1, 1, 2)),
     ({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}, (3, 1, 4)),  # the second node's second process
-    # Each of these waited for peers that never come, or trained as one process in silence.
+    # Else each would wait for peers that never come, or train as one process in silence.
     ({"WORLD_SIZE": "2", "RANK": "5", "LOCAL_RANK": "0"}, "WORLD_SIZE '2', RANK '5', LOCAL_RANK '0': not as torchrun"),
     ({"WORLD_SIZE": "2", "RANK": "-1", "LOCAL_RANK": "0"}, "RANK '-1'"),
     ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "1"}, "LOCAL_RANK '1': not as torchrun"),
@@ -158,6 +158,8 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
                           "numbers, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE): launch with torchrun"),
     ({"WORLD_SIZE": "abc", "RANK": "0", "LOCAL_RANK": "0"}, "WORLD_SIZE 'abc'"),
     ({"WORLD_SIZE": "2", "RANK": "1"}, "LOCAL_RANK not set"),
+    ({"WORLD_SIZE": "2", "RANK": "\u00b2", "LOCAL_RANK": "1"}, "RANK '\u00b2'"),  # a digit, and no number int() reads
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "5"}, "LOCAL_RANK '5': not as torchrun"),
 ])
 def test_torchruns_variables_are_read_as_it_sets_them_or_refused_in_one_line(monkeypatch, env, expected):
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

@@ -61,8 +61,8 @@ def test_the_report_draws_every_value_inside_its_axes():
     for low, high in ((3.08, 4.41), (0.15, 0.37), (30, 90), (1e-4, 3e-3), (2.0, 2.0), (-1.5, 7.0)):
         ticks = report.nice_ticks(low, high)
         assert ticks[0] <= low and ticks[-1] >= high and 3 <= len(ticks) <= 12, (low, high, ticks)
-    # A span too small to tell apart (5e-324 is the least float above 0) is drawn flat, never divided by.
-    for low, high in ((0.0, 5e-324), (1.0, 1.0 + 1e-12), (-5e-324, 0.0)):
+    # A span too small to tell apart beside its values (5e-324 is the least float above 0) is drawn flat.
+    for low, high in ((0.0, 5e-324), (1.0, 1.0 + 1e-12), (-5e-324, 0.0), (198069061234443.75, 198069061234443.78)):
         ticks = report.nice_ticks(low, high)
         assert ticks[0] <= low + 1e-9 and ticks[-1] >= high - 1e-9 and 2 <= len(ticks) <= 12, (low, high, ticks)
     png = report.png([[(255, 0, 0), (0, 0, 255)]])
