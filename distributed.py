@@ -38,9 +38,13 @@ def ranks():
             return rank, local, world
     except (KeyError, ValueError):
         pass
-    told = ", ".join(f"{name} {cli.shown(os.environ[name]) if name in os.environ else 'not set'}" for name in names)
-    raise ValueError(f"{told}: not as torchrun sets them (whole numbers, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE): "
-                     f"launch with torchrun --nproc_per_node=N train.py, or unset WORLD_SIZE")
+    raise ValueError(f"{told(*names)}: not as torchrun sets them (whole numbers, 0 <= LOCAL_RANK <= RANK < "
+                     f"WORLD_SIZE): launch with torchrun --nproc_per_node=N train.py, or unset WORLD_SIZE")
+
+
+def told(*names):
+    """The environment's variables of names, as a message shows them."""
+    return ", ".join(f"{name} {cli.shown(os.environ[name]) if name in os.environ else 'not set'}" for name in names)
 
 
 def agree_on_setup(error, trainer, rank, world):
@@ -129,7 +133,12 @@ def process_group(world, local_rank, device_name):
     if cli.usable_device(device_name).type == "cuda":
         device_name = f"cuda:{local_rank}"
         torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if device_name.startswith("cuda") else "gloo")
+    try:
+        dist.init_process_group("nccl" if device_name.startswith("cuda") else "gloo")
+    # torch's words on a MASTER_ADDR or MASTER_PORT missing or not a port ("invalid literal for int()") name neither.
+    except ValueError as e:
+        raise ValueError(f"cannot join torchrun's job at {told('MASTER_ADDR', 'MASTER_PORT')} ({e}): launch with "
+                         f"torchrun --nproc_per_node=N train.py, which sets them") from None
     try:
         yield device_name
     finally:

@@ -176,6 +176,22 @@ def test_torchruns_variables_are_read_as_it_sets_them_or_refused_in_one_line(mon
 
 
 @pytest.mark.parametrize("env, match", [
+    ({"MASTER_ADDR": "localhost", "MASTER_PORT": "abc"}, "at MASTER_ADDR 'localhost', MASTER_PORT 'abc' (invalid"),
+    ({"MASTER_PORT": "29555"}, "at MASTER_ADDR not set, MASTER_PORT '29555' ("),
+])
+def test_a_rendezvous_address_torchrun_would_not_set_is_named_in_one_line(monkeypatch, env, match):
+    # torch's words ("invalid literal for int() with base 10") name neither variable.
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", **env}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(f"cannot join torchrun's job {match}")) as refused:
+        with distributed.process_group(2, 0, "cpu"):
+            pass
+    assert str(refused.value).endswith("launch with torchrun --nproc_per_node=N train.py, which sets them")
+
+
+@pytest.mark.parametrize("env, match", [
     (dict(WORLD_SIZE="2"), "WORLD_SIZE '2', RANK not set, LOCAL_RANK not set: not as torchrun sets them"),
     (dict(RANK="1"), "cannot read the data file"),  # a rank set alone: still a single process, which says what
 ])
