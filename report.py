@@ -20,6 +20,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 
+import cli
 import gpt
 
 # The most tokens of a line the attention maps show: each map is this many cells square.
@@ -140,6 +141,12 @@ def visible(text):
     """text with each character of UNSEEN (but a line's end and the tab) or TURNS written as its
     escape, as \\x1b."""
     return "".join(c.encode("unicode_escape").decode("ascii") if hidden(c) else c for c in text)
+
+
+def printer(*args):
+    """cli.printer, each argument with its controls and marks written as visible() writes them: a path
+    given, or a text's characters, may hold a terminal's escape."""
+    cli.printer(*(visible(str(arg)) for arg in args))
 
 
 def hidden(c):

@@ -158,7 +158,7 @@ def write_report(model, tokenizer, ckpt, path, args, device):
                            log=lambda *a: None)
     except OSError as e:
         raise ValueError(f"{e.strerror}; the checkpoint is as it was") from None
-    print(f"wrote {page}: open it in a browser")
+    print(f"wrote {report.visible(page)}: open it in a browser")
 
 
 def main(argv=None):

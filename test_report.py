@@ -181,3 +181,14 @@ def test_the_page_shows_controls_and_marks_that_turn_text_as_escapes(tmp_path, c
     assert report.visible("a\tb\r\nc\ud800\ufffe\u00e9") == "a\tb\r\nc\\ud800\\ufffe\u00e9"
     family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # joined as one: a mark of text, not of direction
     assert report.visible(family) == family and report.labels(None, [5]) == ["5"]
+
+
+def test_train_py_and_the_report_show_an_out_dirs_controls_as_escapes(tmp_path, capsys):
+    # A path given may hold a terminal's escape: printed as one, it would drive the terminal.
+    out_dir = str(tmp_path / "out\x1b[31m")
+    train.main(tiny_flags(tmp_path, max_iters=4, eval_interval=2, out_dir=out_dir))
+    said = capsys.readouterr().out
+    assert "\x1b" not in said and f"saved iteration 4 to {tmp_path}/out\\x1b[31m/ckpt.pt" in said, said
+    assert f"report: {tmp_path}/out\\x1b[31m/report.html" in said
+    sample.main(["--report", "--out_dir", out_dir, "--data", str(tmp_path / "data.txt")])
+    assert capsys.readouterr().out == f"wrote {tmp_path}/out\\x1b[31m/report.html: open it in a browser\n"

@@ -380,7 +380,7 @@ def main(argv=None):
         named = args.data is not None
         data_file = data.DataFile(args.data if named else "input.txt", args.dtype, named)
         joining = True
-        _, stopped = run(tc, data_file, cli.printer, args.resume, args.log_interval, args.compile,
+        _, stopped = run(tc, data_file, report.printer, args.resume, args.log_interval, args.compile,
                          given, args.init_from, ranks)
         code = 128 + stopped if stopped else 0
     # Before the training loop: nothing to save.
