@@ -16,6 +16,7 @@ import math
 import os
 import pickle
 import struct
+import sys
 import warnings
 
 import torch
@@ -111,6 +112,18 @@ def unique_names(pairs):
         counts = collections.Counter(name for name, _ in pairs)
         raise ValueError(f"the name {min(n for n, c in counts.items() if c > 1)!r} comes twice")
     return kept
+
+
+def whole_number(text):
+    """json.load's parse_int for config.json: int(text), with a number past the digits Python reads said
+    as such (Python's own words advise sys.set_int_max_str_digits)."""
+    try:
+        return int(text)
+    except ValueError:
+        digits = len(text.lstrip("-"))
+        largest = sys.get_int_max_str_digits()
+        raise ValueError(f"its config.json holds a whole number of {digits:,} digits, past the {largest:,} "
+                         f"Python reads") from None
 
 
 def read_safetensors(path):
@@ -266,7 +279,7 @@ def load(source, device=""):
         data.check_file(path, "GPT-2's config", None, CONFIG_LIMIT)
         # utf-8-sig: an editor may have put a byte-order mark first.
         with open(path, encoding="utf-8-sig") as f:
-            config = json.load(f, object_pairs_hook=unique_names)
+            config = json.load(f, object_pairs_hook=unique_names, parse_int=whole_number)
         if not isinstance(config, dict):
             raise ValueError(f"its config.json holds a {type(config).__name__}, not an object of names")
         if config.get("model_type") != "gpt2":

@@ -406,6 +406,8 @@ class Malicious:
      "the name 'n_layer' comes twice"),
     (damage_config(n_embd=10 ** 400), "disagrees with its weights: n_embd an integer of 401 digits"),
     (damage_config(n_embd=-10 ** 400), "n_embd = an integer of 401 digits, not a whole number"),
+    (lambda folder: (folder / "config.json").write_text('{"model_type": "gpt2", "n_embd": ' + "9" * 5000 + "}"),
+     "(ValueError: its config.json holds a whole number of 5,000 digits, past the 4,300 Python reads)"),
     (lambda folder: (folder / "config.json").write_text('{"model_type": "gpt2", "n_layer": 0}', encoding="utf-8-sig"),
      "n_layer = 0, not a whole number of at least 1"),  # read past its byte-order mark
     (lambda folder: (os.remove(folder / "model.safetensors"),
