@@ -214,3 +214,16 @@ def zero_gradient(name, config):
     score of a query's row, which softmax ignores. The twin and torch hold rounding noise there, which has no scale of
     its own: it is measured against the model's largest gradient entry."""
     return name.endswith("attn.c_k.bias") and config.pos == "learned"
+
+
+def models_made(monkeypatch):
+    """A list that each gpt.GPT made from now on adds itself to: (n_layer, n_embd, the device it was made on)."""
+    made = []
+    real_init = gpt.GPT.__init__
+
+    def init(model, config):
+        made.append((config.n_layer, config.n_embd, torch.empty(0).device.type))
+        real_init(model, config)
+
+    monkeypatch.setattr(gpt.GPT, "__init__", init)
+    return made

@@ -16,7 +16,8 @@ import data
 import gpt
 import sample
 import train
-from conftest import HERE, TEXT, run_cli, tiny_train_config, tiny_flags, quiet, one_line_error, hand_made, set_in
+from conftest import (HERE, TEXT, run_cli, tiny_train_config, tiny_flags, quiet, one_line_error, hand_made, set_in,
+                      models_made)
 
 
 def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(tmp_path):
@@ -392,14 +393,7 @@ def test_a_config_of_a_larger_model_than_the_weights_is_refused_before_that_mode
         tmp_path, capsys, trained_dir, monkeypatch):
     # A small file may name a model of gigabytes: it is made first where it takes no memory.
     hand_made(trained_dir, tmp_path / "out", lambda ckpt: ckpt["config"].update(n_layer=3, n_embd=256))
-    made = []
-    real_init = gpt.GPT.__init__
-
-    def init(model, config):
-        made.append((config.n_layer, config.n_embd, torch.empty(0).device.type))
-        real_init(model, config)
-
-    monkeypatch.setattr(gpt.GPT, "__init__", init)
+    made = models_made(monkeypatch)
     message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
     assert "(RuntimeError: Error(s) in loading state_dict for GPT: Missing key(s)" in message, message
     assert made == [(3, 256, "meta")]

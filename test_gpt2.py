@@ -18,7 +18,8 @@ import gpt
 import gpt2
 import sample
 import train
-from conftest import TEXT, FIXTURE, run_cli, one_line_error, ByteTokenizer, fixture_weights, fixture_logits
+from conftest import (TEXT, FIXTURE, run_cli, one_line_error, ByteTokenizer, fixture_weights, fixture_logits,
+                      models_made)
 
 
 def test_gpt2_from_state_dict_computes_the_logits_transformers_computed():
@@ -323,14 +324,7 @@ def test_weights_that_name_a_larger_model_than_they_fill_are_refused_before_that
     # A few bytes may name a model of gigabytes: its width from wte, its layers from the names alone.
     weights = {"wte.weight": torch.zeros(1, 256), "wpe.weight": torch.zeros(1, 256),
                **{f"h.{i}.x": torch.zeros(0) for i in range(3)}}
-    made = []
-    real_init = gpt.GPT.__init__
-
-    def init(model, config):
-        made.append((config.n_layer, config.n_embd, torch.empty(0).device.type))
-        real_init(model, config)
-
-    monkeypatch.setattr(gpt.GPT, "__init__", init)
+    made = models_made(monkeypatch)
     with pytest.raises(ValueError, match="h.0.x is not one of GPT-2's tensors"):
         gpt2.from_state_dict(weights)
     assert made == [(3, 256, "meta")]
