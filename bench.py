@@ -887,6 +887,35 @@ def x0_shortcut(config):
     return model
 
 
+class SmearGPT(gpt.GPT):
+    """The default model with each position's input given a gated share of the position before it, x_t + lam *
+    sigmoid(gate(x_t's first 12 channels)) * x_(t-1) (modded-nanogpt's smear gate): what a token was, at once in
+    reach of the next. lam learned from 0, so it starts as the default model. For training and evaluation (a cache
+    would need the input before)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.smear_gate = torch.nn.Linear(min(12, config.n_embd), 1, bias=False)
+        self.smear_lambda = torch.nn.Parameter(torch.zeros(()))
+
+    def embed(self, idx, start=0, cache=None):
+        x, rope = super().embed(idx, start, cache)
+        gate = self.smear_lambda * torch.sigmoid(self.smear_gate(x[:, 1:, :self.smear_gate.in_features]))
+        return torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1), rope  # (B, T, C)
+
+
+def backout(config):
+    """The stream as the first two thirds of the blocks leave it, times a learned lam from 0, taken from the stream
+    before the final norm (modded-nanogpt's backout): the last blocks' own word can outweigh what the early ones
+    wrote for their successors. One number, with AdamW's other vectors."""
+    model = gpt.GPT(config)
+    model.backout_lambda = torch.nn.Parameter(torch.zeros(()))
+    kept = {}
+    model.h[max(1, 2 * config.n_layer // 3) - 1].register_forward_hook(lambda block, args, out: kept.update(x=out))
+    model.ln_f.register_forward_pre_hook(lambda norm, args: (args[0] - model.backout_lambda * kept["x"],))
+    return model
+
+
 class SoftcapHead(torch.nn.Linear):
     """The output layer with its logits squashed into (-cap, cap) by cap * tanh(logits / cap): no logit can run
     far ahead of the others (Gemma 2's and modded-nanogpt's soft-capping)."""
@@ -1228,6 +1257,8 @@ CANDIDATES = {
                                                windows=context_halved_before(0.6, 0.85)),
     "windows of 512 for the last 30%": Setting(changes=dict(block_size=512, batch_size=2),
                                                windows=context_halved_before(0.6, 0.7)),
+    "smear gate": Setting(model=SmearGPT),
+    "backout": Setting(model=backout),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.
