@@ -650,6 +650,15 @@ def cooldown_over(share):
     return lr_at
 
 
+def sqrt_cooldown(tc, it, elapsed):
+    """gpt.lr_at with its last 60% falling as 1 - sqrt(w) of the cooldown's share w gone, not 1 - w: down fast
+    from the peak, then long near the end's rate (Hagele et al. 2024, beside the straight line)."""
+    if it < tc.warmup_iters:
+        return tc.learning_rate * (it + 1) / tc.warmup_iters
+    gone = min(1.0, max(0.0, (gpt.progress(tc, it, elapsed) - 0.4) / 0.6))
+    return tc.min_lr + (1 - math.sqrt(gone)) * (tc.learning_rate - tc.min_lr)
+
+
 def read_windows(trainer, split, ix, T):
     """The batch (x, y), each (B, T), of the windows of split that start at ix (B, 1), as gpt.Trainer.batch reads
     them."""
@@ -1259,6 +1268,8 @@ CANDIDATES = {
                                                windows=context_halved_before(0.6, 0.7)),
     "smear gate": Setting(model=SmearGPT),
     "backout": Setting(model=backout),
+    "cooldown as 1 - sqrt": Setting(lr_at=sqrt_cooldown),
+    "AdamW's beta2 0.95": Setting(changes=dict(beta2=0.95)),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.
