@@ -166,13 +166,13 @@ def diverged(trainer):
     """What a loss that is not finite says: where, and each option that can make training diverge,
     without guessing which one did."""
     tc = trainer.tc
-    rates = f"--learning_rate {tc.learning_rate:g}"
-    if tc.optimizer == "muon":
-        rates += f", --muon_lr {tc.muon_lr:g}"
-    kept = f"; the last good checkpoint in {tc.out_dir} is left as it was" if tc.out_dir else ""
+    muon = f", --muon_lr {tc.muon_lr:g}" if tc.optimizer == "muon" else ""
+    kept = f"; the last checkpoint in {tc.out_dir} is left as it was" if tc.out_dir else ""
     return (f"the training loss is {trainer.loss.item()} at iteration {trainer.it}: training diverged. "
-            f"Too high a {rates} or --weight_decay {tc.weight_decay:g}, too short a --warmup_iters "
-            f"{tc.warmup_iters}, or --grad_clip {tc.grad_clip:g} (0: off) can cause it{kept}")
+            f"Too high a --learning_rate {tc.learning_rate:g}{muon} or --weight_decay "
+            f"{tc.weight_decay:g}, too short a --warmup_iters {tc.warmup_iters}, --grad_clip "
+            f"{tc.grad_clip:g} (0: off), or starting weights too large (a checkpoint's, GPT-2's) can "
+            f"cause it{kept}")
 
 
 def printable_stdout():

@@ -355,8 +355,20 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 def test_the_nan_stop_names_what_can_cause_it(tmp_path, capsys):
     message = one_line_error(capsys, train, *tiny_flags(tmp_path), "--weight_decay", "1e9")
     said = r"training diverged\. Too high a --learning_rate 0\.003, --muon_lr 0\.01 or --weight_decay 1e\+09, too " \
-           r"short a --warmup_iters 2, or --grad_clip 1 \(0: off\) can cause it"
+           r"short a --warmup_iters 2, --grad_clip 1 \(0: off\), or starting weights too large \(a checkpoint's, " \
+           r"GPT-2's\) can cause it; the last checkpoint in .*out is left as it was$"
     assert re.search(said, message), message
+
+
+def test_a_resumed_checkpoint_whose_weights_overflow_names_the_starting_weights(tmp_path, capsys):
+    train.main(tiny_flags(tmp_path, max_iters=2))
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    for name, weight in ckpt["model"].items():
+        if "c_fc" in name:
+            weight.fill_(3e38)  # finite, but no float32 product of them is
+    torch.save(ckpt, tmp_path / "out" / "ckpt.pt")
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path, max_iters=4), "--resume")
+    assert "training diverged" in message and "or starting weights too large (a checkpoint's" in message, message
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write finds the disk full")
