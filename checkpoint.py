@@ -432,9 +432,9 @@ def check_resumable(ckpt, trainer, path, advice="train without --resume"):
     wrong = f"{path} holds a training state that does not fit its model"
     iteration = ckpt["iter"]
     if not (type(iteration) is int and 0 <= iteration < MAX_ITER):
-        raise ValueError(f"{wrong}: iteration {cli.shown(iteration)}; {advice}")
+        raise ValueError(f"{wrong}: its iteration is {cli.shown(iteration)}; {advice}")
     if not finite(ckpt["elapsed"], 0):
-        raise ValueError(f"{wrong}: {cli.shown(ckpt['elapsed'])} seconds of training; {advice}")
+        raise ValueError(f"{wrong}: its seconds of training are {cli.shown(ckpt['elapsed'])}; {advice}")
     try:
         saved = ckpt["optimizers"]
         fits = len(saved) == len(trainer.optimizers) and all(

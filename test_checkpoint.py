@@ -93,12 +93,12 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     (set_in(["optimizers", 0, "state", -1], {}), "optimizers' states"),
     (set_in(["optimizers", 0, "param_groups"], []), "optimizers' states"),
     (lambda ckpt: ckpt["optimizers"].append(ckpt["optimizers"][0]), "optimizers' states"),
-    (set_in(["iter"], -5), "iteration -5"),
-    (set_in(["iter"], 10 ** 30), "iteration 1000000000000000000000000000000"),
-    (set_in(["iter"], "8"), "iteration '8'"),
-    (set_in(["elapsed"], float("nan")), "nan seconds of training"),
-    (set_in(["elapsed"], -1.0), "-1.0 seconds of training"),
-    (set_in(["elapsed"], "5"), "'5' seconds of training"),
+    (set_in(["iter"], -5), "its iteration is -5"),
+    (set_in(["iter"], 10 ** 30), "its iteration is 1000000000000000000000000000000"),
+    (set_in(["iter"], "8"), "its iteration is '8'"),
+    (set_in(["elapsed"], float("nan")), "its seconds of training are nan"),
+    (set_in(["elapsed"], -1.0), "its seconds of training are -1.0"),
+    (set_in(["elapsed"], "5"), "its seconds of training are '5'"),
     (set_in(["history"], [{"iter": 2}]), "the evaluations"),
     (set_in(["history", 0, "val"], float("nan")), "the evaluations"),  # which the report draws
     (set_in(["history", 0, "train"], float("inf")), "the evaluations"),
@@ -109,9 +109,9 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     # Finite, but so large that the report's charts would overflow drawing them.
     (set_in(["history", 0, "train"], 1.7e308), "the evaluations"),
     (set_in(["history", 0, "lr"], 1e300), "the evaluations"),
-    (set_in(["elapsed"], 1e300), "1e+300 seconds of training"),
-    (set_in(["elapsed"], 10 ** 400), "an integer of 401 digits seconds of training"),  # not 401 digits on the line
-    (set_in(["iter"], 10 ** 400), "iteration an integer of 401 digits"),
+    (set_in(["elapsed"], 1e300), "its seconds of training are 1e+300"),
+    (set_in(["elapsed"], 10 ** 400), "its seconds of training are an integer of 401 digits"),  # not 401 digits
+    (set_in(["iter"], 10 ** 400), "its iteration is an integer of 401 digits"),
     (set_in(["rng", "torch"], torch.zeros(3, dtype=torch.uint8)), "does not fit its model (RuntimeError)"),
 ])
 def test_a_damaged_training_state_is_refused_before_adamw_steps_on_it(tmp_path, capsys, trained_dir, change, match):
