@@ -102,8 +102,8 @@ def rope_tables(config):
 
 def rope_forward(x, cos, sin):
     """Turns each channel pair (x_j, x_j+hs/2) by its angle: q.k then depends on their distance."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    x1, x2 = x.chunk(2, dim=-1)  # (..., hs / 2) each
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin  # (..., hs)
 
 
 class KVCache:
@@ -292,9 +292,9 @@ class GPT(nn.Module):
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
         """Yields each sampled token (B, 1) as it is drawn: temperature 0 is greedy, top_k and top_p
         filter, a seeded torch.Generator repeats a sample."""
-        # Float ids would be cut to integers quietly; ids not (B, T) would fail
-        # deep in the model.
-        if idx.is_floating_point() or idx.ndim != 2:
+        # Ids not (B, T) would fail further on, in words that do not say why
+        # (float ids torch refuses clearly, at the embedding).
+        if idx.ndim != 2:
             raise ValueError(f"idx must be integer ids (B, T), not {idx.dtype} {tuple(idx.shape)}")
         cache = KVCache(self.config)
         # The tokens the model conditions on: the last block_size of the prompt and the samples.
@@ -322,10 +322,10 @@ def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     if not 0 <= temperature <= torch.finfo(torch.float32).max:
         raise ValueError(f"temperature must be at least 0 and finite in float32: {temperature}")
     # In float32, as bfloat16 ties close logits. Temperature 0 would make the largest logit
-    # 0 / 0: less their max and over 1e-30, the others go to -inf and the largest stays 0.
+    # 0 / 0: less their max and over 1e-30, the largest stays 0 and every other falls below it.
     logits = logits.float()
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, 1e-30)
-    # A NaN or +inf logit (weights too large for float32) leaves NaN here: argmax would pick it.
+    # A NaN or +inf logit (weights too large for float32) leaves NaN: argmax would say token 0.
     if logits.isnan().any():
         raise ValueError("logits of NaN or +inf, from weights that overflow: no token to draw")
     probs = F.softmax(filter_logits(logits, top_k, top_p), dim=-1)
@@ -389,17 +389,17 @@ def newton_schulz(G, steps=5):
     X = G.to(matmul_dtype(G.device))
     # Worked on wide, so that the Gram matrix X X^T is the smaller one.
     tall = G.size(-2) > G.size(-1)
-    X = X.mT if tall else X
+    X = X.mT if tall else X  # (n, m, k), m <= k
     # Scaled to a norm of 1, so that every singular value starts at most 1.
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
     for _ in range(steps):
-        A = X @ X.mT
+        A = X @ X.mT  # (n, m, m)
         # Each singular value s becomes 3.4445 s - 4.7750 s^3 + 2.0315 s^5 (torch.optim.Muon's
         # coefficients): small ones grow fast, and all end between about 0.7 and 1.2. B is
         # -4.7750 A + 2.0315 A A, then X is 3.4445 X + B X: each a product and a sum in one pass.
         B = torch.baddbmm(A, A, A, beta=-4.7750, alpha=2.0315)
         X = torch.baddbmm(X, B, X, beta=3.4445)
-    return X.mT if tall else X
+    return X.mT if tall else X  # (n, rows, cols)
 
 
 class Muon(torch.optim.Optimizer):
@@ -595,8 +595,8 @@ def token_ids(data, tc, vocab_size):
     """data as 1-D integer ids (a list becomes a tensor; a tensor, an array, a memmap stay as they
     are), or a ValueError where training on it would go wrong."""
     ids = data if hasattr(data, "__array__") else torch.tensor(data)
-    # Float ids would be cut to integers, and the rows of 2-D ones read as one sequence. ids[[]],
-    # an empty copy, gives the torch dtype of a tensor and of an array alike.
+    # Float ids would be cut to integers, and 2-D ones fail at the first step in words of sizes.
+    # ids[[]], an empty copy, gives the torch dtype of a tensor and of an array alike.
     if ids.ndim != 1 or torch.as_tensor(ids[[]]).dtype not in INTEGERS:
         raise ValueError(f"data must be a text or 1-D integer ids, not {ids.dtype} {ids.shape}")
     # Over 10 x block_size ids, the held-out 10% holds a window and the id after it.
