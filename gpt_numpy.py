@@ -6,6 +6,8 @@ from. Read it top to bottom, in the order it is learned:
      the shape of every gradient.
   3. GPT.forward, the model as gpt.py has it, one *_forward call per layer; then GPT.backward, the
      same calls in reverse, one *_backward per layer.
+Shapes are named as in gpt.py: B sequences of T tokens, C = n_embd channels, nh = n_head heads of
+hs = C / nh channels each, V = vocab_size, hidden the MLP's width.
 
 Two rules do most of the work, and the comments cite them by number:
   Rule 1. A value used twice gets the sum of its gradients: the residual stream, the tied
@@ -85,9 +87,9 @@ def numerical_gradient(loss, value, entries, h=1e-6):
 
 
 def rel_error(ours, reference, scale=None):
-    """The largest entry's error, relative to the gradient's scale: max|a - b| / scale, where scale
-    is by default the larger of max|a| and max|b|. inf where either holds a NaN or an inf: such a
-    gradient is never right."""
+    """The largest entry's error, relative to the gradient's scale: max|ours - reference| /
+    scale, scale by default the larger of max|ours| and max|reference|. inf where either holds a
+    NaN or an inf: such a gradient is never right."""
     ours = np.asarray(ours, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
     if not (np.isfinite(ours).all() and np.isfinite(reference).all()):
@@ -145,12 +147,12 @@ def linear_forward(x, weight, bias=None):
     return out, (x, weight, bias is not None)
 
 
-# The matmul rule, which every matmul's backward below follows. For Y = A B, Y_ik = sum_j A_ij B_jk:
-# each A_ij reaches every Y_ik of its row i, through B_jk, so
-#   dA_ij = sum_k dY_ik B_jk,  that is  dA = dY B^T
-#   dB_jk = sum_i A_ij dY_ik,  that is  dB = A^T dY
+# The matmul rule, which every matmul's backward below follows. For Y = P Q, Y_ik = sum_j P_ij Q_jk:
+# each P_ij reaches every Y_ik of its row i, through Q_jk, so
+#   dP_ij = sum_k dY_ik Q_jk,  that is  dP = dY Q^T
+#   dQ_jk = sum_i P_ij dY_ik,  that is  dQ = P^T dY
 # out = x W^T + b at every position. Flattened to N = B*T rows, it is one matmul, X (N, in) times
-# W^T (in, out). With A = X and B = W^T:
+# W^T (in, out). With P = X and Q = W^T:
 #   dx = dout W                         (N, out) @ (out, in)
 #   dW = (d(W^T))^T = (x^T dout)^T = dout^T x    (out, N) @ (N, in): its inner sum, over the N
 #                                       rows, is rule 2's sum over every position
@@ -178,7 +180,7 @@ def embedding_forward(idx, weight):
 # indices are integers: they have no gradient.
 def embedding_backward(dout, saved):
     idx, shape = saved
-    dweight = np.zeros(shape, dtype=dout.dtype)  # (rows, C): vocab_size's, or the bigram table's
+    dweight = np.zeros(shape, dtype=dout.dtype)  # (rows, C): wte's, wpe's or the bigram table's
     np.add.at(dweight, idx, dout)
     return None, {"weight": dweight}
 
@@ -199,7 +201,8 @@ def crossentropy_forward(logits, targets):
 #                                     broadcast back)
 #   nll = logz - picked:              (dlogz, dpicked) = (dnll, -dnll)
 #   logz = log sum_j e^logits_j:      d logz / d logits_j = e^logits_j / e^logz = p_j, so every
-#                                     logit gets p dlogz
+#                                     logit gets p dlogz (the max, taken out and added back in
+#                                     the forward, cancels: it passes no gradient)
 #   picked = logits[target]:          the target's logit gets dpicked too (rule 1: it is in both)
 # In all, dlogits = (p - onehot(target)) dloss / N.
 def crossentropy_backward(dloss, saved):
@@ -220,8 +223,8 @@ def gelu_forward(x):
     return 0.5 * x * (1 + t), (x, t)
 
 
-# gelu(x) = x/2 (1 + t) with t = tanh(u) and u = k (x + 0.044715 x^3). The chain rule through t,
-# with tanh'(u) = 1 - tanh(u)^2 = 1 - t^2:
+# gelu(x), in the tanh form gpt.py uses, = x/2 (1 + t) with t = tanh(u) and u = k (x + 0.044715
+# x^3). The chain rule through t, with tanh'(u) = 1 - tanh(u)^2 = 1 - t^2:
 #   dt/dx = (1 - t^2) du/dx = (1 - t^2) k (1 + 3 * 0.044715 x^2)
 # then the product rule:
 #   d gelu/dx = (1 + t)/2 + x/2 dt/dx
@@ -282,8 +285,8 @@ def layernorm_forward(x, weight, bias=None, eps=1e-5):
 
 # xhat = (x - mean) rstd over the C channels of a position, with mean = mean_j(x_j),
 # var = mean_j((x_j - mean)^2) and rstd = (var + eps)^(-1/2). [i = j] is 1 when i = j, else 0:
-# x_i depends on x_j only when they are the same channel. The gain and the bias, each summed over
-# the positions (rule 2):
+# xhat_i reads x_j directly in its own channel alone, and every x_j through mean and var. The gain
+# and the bias, each summed over the positions (rule 2):
 #   dweight = dout * xhat,   dbias = dout
 # g = dout * weight is the gradient at xhat, which reaches each x_j along three paths (rule 1):
 #   direct:        d xhat_i / d x_j = rstd [i = j]                    -> rstd g_j
@@ -339,13 +342,15 @@ def rmsnorm_backward(dout, saved):
 # product of a pair depends on the angle between them, (t - s) f_j, alone: the scores see how far
 # apart two tokens are, not where they stand.
 # Channel j pairs with j + hs/2: any pairing would do, as long as queries and keys share it; this
-# one, gpt.py's and Llama's, takes each pair from the two halves of the head, with two slices.
+# one, gpt.py's and Hugging Face's Llama's, takes each pair from the two halves of the head, with
+# two slices.
 def rope_tables(config, dtype):
     hs = config.n_embd // config.n_head
     inv_freq = 10000.0 ** (-np.arange(0, hs, 2) / hs)
     angles = np.outer(np.arange(config.block_size), inv_freq)  # (block_size, hs / 2)
     # Channel j and channel j + hs/2 turn by the same angle.
     angles = np.concatenate([angles, angles], axis=-1)  # (block_size, hs)
+    # Rounded to float32 first, as gpt.py's tables are: both models turn by the same angles.
     cos = np.cos(angles).astype(np.float32).astype(dtype)
     sin = np.sin(angles).astype(np.float32).astype(dtype)
     return cos, sin
@@ -401,8 +406,9 @@ def attention_forward(q, k, v, n_head, rope=None):
     return y, AttentionSaved(q, k, v, att, scale, rope)
 
 
-# Backward from the output, each line the matmul rule (dA = dY B^T, dB = A^T dY for Y = A B) or a
+# Backward from the output, each line the matmul rule (dP = dY Q^T, dQ = P^T dY for Y = P Q) or a
 # layer's backward:
+#   y's heads were put side by side: dout is split into heads again first
 #   y = att v:              datt = dy v^T,   dv = att^T dy
 #   att = softmax(scores):  dscores = softmax_backward(datt)
 #   the mask:               the scores above the diagonal were set to -inf, a constant, so no
@@ -466,13 +472,13 @@ class GPT:
         rope = None
         if self.rope is not None:
             rope = (self.rope[0][:T], self.rope[1][:T])
-        # Every layer's saved values, keyed as its parameters are named, for the backward.
+        # Every layer's saved values, keyed by the layer's name (gpt.py's, where it has weights).
         saved = {}
         x, saved["wte"] = embedding_forward(idx, **self.params_of("wte"))  # (B, T, C)
         if cfg.pos == "learned":
-            pos, saved["wpe"] = embedding_forward(np.arange(T), **self.params_of("wpe"))  # (T, C)
-            # The same rows are added to every sequence: a broadcast over B.
-            x = x + pos
+            # (T, C): the same rows are added to every sequence, a broadcast over B.
+            pos_emb, saved["wpe"] = embedding_forward(np.arange(T), **self.params_of("wpe"))
+            x = x + pos_emb
         if cfg.bigram:
             # The bigram table: a second embedding, read by the pair (token before, token) rather
             # than by the token alone, so that each position starts out knowing what came just
@@ -480,10 +486,11 @@ class GPT:
             # row when there are more pairs than rows); a window's first token pairs with -1.
             # Its backward is the embedding's: the rows read get the gradient at x (rule 1).
             before = np.pad(idx, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # (B, T)
-            rows = (before * cfg.vocab_size + idx) % cfg.bigram
-            # (B, T, C)
-            pairs, saved["bigram"] = embedding_forward(rows, **self.params_of("bigram"))
-            x = x + pairs
+            # In int64, as in gpt.py: a pair's number may pass 2 ** 31.
+            pairs = before.astype(np.int64) * cfg.vocab_size + idx  # (B, T)
+            rows, saved["bigram"] = embedding_forward(
+                pairs % cfg.bigram, **self.params_of("bigram"))  # (B, T, C)
+            x = x + rows
         for i in range(cfg.n_layer):
             # The names of block i's layers begin with b.
             b = f"h.{i}."
@@ -570,12 +577,12 @@ class GPT:
             dh = dh + back(block + "attn.c_k", linear_backward, dk)  # (B, T, C)
             dh = dh + back(block + "attn.c_q", linear_backward, dq)  # (B, T, C)
             dx = dx + back(block + "ln_1", norm, dh)  # (B, T, C)
+        if cfg.bigram:
+            # x = wte (+ wpe) + rows: an addition hands dx to each, here to the rows of the pairs.
+            back("bigram", embedding_backward, dx)
         if cfg.pos == "learned":
             # The same rows were added to every sequence (rule 2).
             back("wpe", embedding_backward, dx.sum(0))
-        if cfg.bigram:
-            # x = wte (+ wpe) + pairs: an addition hands dx to each, here to the rows of the pairs.
-            back("bigram", embedding_backward, dx)
         # Tied, this adds to the head's gradient of the same matrix (rule 1).
         back("wte", embedding_backward, dx)
         return (grads, douts) if activations else grads
