@@ -1161,6 +1161,18 @@ def test_twin_agrees_in_float32(name):
         np.testing.assert_allclose(grads[n], ref, rtol=1e-4, atol=1e-5 * scale, err_msg=n)
 
 
+def test_the_twin_reads_the_bigram_row_of_a_pair_numbered_past_int32_as_gpt_py_does():
+    # 69,999 x 70,000 passes 2 ** 31: int32 ids would wrap, and a table of rows not a power of two read other rows.
+    config = gpt.GPTConfig(vocab_size=70_000, block_size=4, n_layer=1, n_head=1, n_embd=4, bigram=8191)
+    model = tiny_model(seed=0, **vars(config)).double()
+    with torch.no_grad():
+        model.bigram.weight.normal_()
+    twin = gpt_numpy.GPT(config, {n: p.detach().numpy().copy() for n, p in model.named_parameters()})
+    idx = torch.tensor([[69_999, 69_998, 69_999, 5]])
+    ref = model(idx)[0].detach().numpy()
+    np.testing.assert_allclose(twin.forward(idx.numpy().astype(np.int32))[0], ref, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_twin_hands_back_the_gradient_at_each_activation_as_pytorch_has_it(name):
     model, twin, idx, targets = twin_pair(name)
