@@ -23,8 +23,9 @@ One calling convention for every layer:
   dout is dL/d(out): the gradient of the loss with respect to the layer's output, in out's shape.
   dx has x's shape (None where x is integers: the embedding's indices), each dparams entry its
   parameter's. A layer of several inputs takes them in order, and its dx is a tuple of their
-  gradients in the same order: attention's (dq, dk, dv), SwiGLU's (dgate, dup). saved holds exactly
-  what the backward needs from the forward. The parameters are named as gpt.py names them (wte,
+  gradients in the same order: attention's (dq, dk, dv), SwiGLU's (dgate, dup); the loss takes
+  integer targets beside the logits, so its dx is dlogits alone. saved holds exactly what the
+  backward needs from the forward. The parameters are named as gpt.py names them (wte,
   wpe, h.0.attn.c_q.weight, ...), so that gpt.GPT's weights, GPT-2's too, run here as they are.
 
 The command lines (workbook.py, beside this file, holds them and everything that is not the lesson):
