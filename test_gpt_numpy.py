@@ -1450,10 +1450,12 @@ def test_the_twin_demo_refuses_bad_text_in_one_line_before_training(tmp_path, ca
         done.stderr
 
 
-@pytest.mark.parametrize("bad", ["nan", "inf", "0", "-1"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "0", "-1", "-1e-3", "-inf", "-Infinity"])
 def test_the_twin_demo_refuses_seconds_that_are_not_a_positive_number(capsys, bad):
     refused = run_main(capsys, "--seconds", bad)
-    assert refused.returncode == 2 and "argument --seconds: " in refused.stderr and refused.stdout == ""
+    # A number with a minus reaches the rule, not argparse's "expected one argument".
+    assert refused.returncode == 2 and f"argument --seconds: must be in (0, 1e6), got {bad}" in refused.stderr
+    assert refused.stdout == ""
 
 
 def test_ctrl_c_ends_the_twin_demo_early_and_it_still_shows_what_it_learned(tmp_path):

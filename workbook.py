@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -1370,6 +1371,11 @@ def grading_command(path, name):
 
 # --------------------------------------------------------------------------------------- the demo
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Numbers argparse would take for options (-1e-3, -inf): no option here starts with a minus and a digit.
+        self._negative_number_matcher = re.compile(r"-(\.?\d|inf$|infinity$|nan$)", re.IGNORECASE)
+
     def error(self, message):
         # argparse's message on one line, without the usage block above it.
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
