@@ -5,6 +5,9 @@ import shutil
 from pathlib import Path
 
 import torch
+
+import gpt
+import train
 from conftest import HERE, run_cli
 
 
@@ -61,3 +64,22 @@ def test_the_readme_block_on_your_own_tokens_runs_with_gpt_py_alone(tmp_path):
     assert "iter 25: train loss" in done.stdout and "bits per character" not in done.stdout, done.stdout
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     assert ckpt["chars"] is None and ckpt["tokenizer"] == "bytes" and ckpt["config"]["vocab_size"] == 256
+
+
+def test_the_model_sizes_and_counts_the_docs_give_are_those_of_the_code_and_input_txt():
+    readme = Path(HERE, "README.md").read_text(encoding="utf-8")
+    reference = " ".join(Path(HERE, "docs", "reference.md").read_text(encoding="utf-8").split())
+    text = Path(HERE, "input.txt").read_text(encoding="utf-8")
+    chars = len(set(text))
+    sizes = {}
+    for name, changes in (("cpu", {}), ("cuda", train.CUDA_DEFAULTS)):
+        with torch.device("meta"):  # counted, never allocated
+            model = gpt.GPT(gpt.TrainConfig(**changes).model_config(vocab_size=chars))
+        sizes[name] = sum(p.numel() for p in model.parameters())
+    assert f"trains a {sizes['cpu'] / 1e6:.2f}M-parameter GPT" in readme
+    assert f"defaults to a {sizes['cuda'] / 1e6:.1f}M-parameter model" in readme
+    table = gpt.GPTConfig().bigram * gpt.GPTConfig().n_embd
+    assert f"({table / 1e6:.2f}M of the default model's {sizes['cpu'] / 1e6:.2f}M)" in reference
+    assert f"(`input.txt`, the default text, has {chars};" in reference
+    held_out = len(gpt.split(text)["val"])
+    assert f"all of `input.txt`'s {held_out:,} held-out characters, {held_out - 1:,} of them predicted" in reference
