@@ -7,7 +7,7 @@ from. Read it top to bottom, in the order it is learned:
   3. GPT.forward, the model as gpt.py has it, one *_forward call per layer; then GPT.backward, the
      same calls in reverse, one *_backward per layer.
 Shapes are named as in gpt.py: B sequences of T tokens, C = n_embd channels, nh = n_head heads of
-hs = C / nh channels each, V = vocab_size, hidden the MLP's width.
+hs = C / nh channels each, hidden the MLP's width; V is vocab_size.
 
 Two rules do most of the work, and the comments cite them by number:
   Rule 1. A value used twice gets the sum of its gradients: the residual stream, the tied

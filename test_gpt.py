@@ -601,19 +601,25 @@ def test_sample_refuses_logits_of_nan_or_inf_and_keeps_tokens_held_out_at_minus_
     assert gpt.sample(held_out, 0).flatten().tolist() == [2] * 300
 
 
-@pytest.mark.parametrize("prompt, checked", [
-    (torch.zeros(3, dtype=torch.long), True), (torch.zeros(1, 2, 2, dtype=torch.long), True),
-    (torch.zeros(1, 2), False), (torch.tensor([[1.5]]), False), (torch.zeros(1, 2, dtype=torch.float16), False),
-    (torch.zeros(1, 0, dtype=torch.long), False), (torch.tensor([[1, 13]]), False), (torch.tensor([[-1]]), False),
-    (torch.tensor([[True]]), False), (torch.zeros(1, 2, dtype=torch.uint8), False), ([[1, 2]], False),
-    (np.zeros((1, 2), dtype=np.int64), False), (None, False), ("ab", False)], ids=repr)
-def test_a_prompt_that_is_not_batch_by_tokens_of_ids_in_the_vocabulary_is_refused(prompt, checked):
+GPT_PY_SAYS = (ValueError, "idx must be integer ids (B, T)")
+TORCH_SAYS = (RuntimeError, "Expected tensor for argument #1 'indices' to have one of the following scalar types")
+
+
+@pytest.mark.parametrize("prompt, says", [
+    (torch.zeros(3, dtype=torch.long), GPT_PY_SAYS), (torch.zeros(1, 2, 2, dtype=torch.long), GPT_PY_SAYS),
+    (torch.zeros(1, 2), TORCH_SAYS), (torch.tensor([[1.5]]), TORCH_SAYS),
+    (torch.zeros(1, 2, dtype=torch.float16), TORCH_SAYS), (torch.zeros(1, 0), TORCH_SAYS),
+    (torch.zeros(1, 0, dtype=torch.long), None), (torch.tensor([[1, 13]]), None), (torch.tensor([[-1]]), None),
+    (torch.tensor([[True]]), None), (torch.zeros(1, 2, dtype=torch.uint8), None), ([[1, 2]], None),
+    (np.zeros((1, 2), dtype=np.int64), None), (None, None), ("ab", None)], ids=repr)
+def test_a_prompt_that_is_not_batch_by_tokens_of_ids_in_the_vocabulary_is_refused(prompt, says):
     # Ids not (B, T) would fail deep in the model, or at a slice, in words that do not say why: gpt.py refuses them
-    # by name. The rest (float ids among them) torch or Python refuses as it is, before a token is drawn.
+    # by name. Float ids torch refuses in words that say so, at the embedding; the rest torch or Python refuses as it
+    # is, before a token is drawn.
     with pytest.raises(Exception) as refused:
         tiny_model().generate(prompt, 5)
-    if checked:
-        assert refused.type is ValueError and str(refused.value).startswith("idx must be integer ids (B, T)")
+    if says:
+        assert refused.type is says[0] and str(refused.value).startswith(says[1]), refused.value
 
 
 # ---------------------------------------------------------------------------------------------------- devices
