@@ -234,7 +234,7 @@ def test_what_muons_step_orthogonalises_is_read_from_the_model():
 def test_bench_compares_the_optimizers_at_equal_wall_time(tmp_path):
     (tmp_path / "t.txt").write_text(TEXT[:6000], encoding="utf-8")
     seen = []
-    rows = bench.compare(bench.OPTIMIZERS, 0.5, str(tmp_path / "t.txt"), 1, log=seen.append, n_layer=1, n_embd=16,
+    rows = bench.compare(bench.OPTIMIZERS, 0.2, str(tmp_path / "t.txt"), 1, log=seen.append, n_layer=1, n_embd=16,
                          n_head=2, block_size=16)
     assert [row["setting"] for row in rows] == ["muon", "adamw"] and len(seen) == 2
     uniform = math.log(gpt.CharTokenizer(TEXT[:6000]).vocab_size)  # the loss of a guess that knows nothing
@@ -355,12 +355,12 @@ def test_each_candidate_trains_as_it_says_in_alternating_rounds_and_gpt_py_is_pu
     names = ["default", "tied, cosine, 100 warmup, 4 layers, momentum flat, decay 0.1, no table",
              "4 layers, embedding at 3e-3, momentum flat, decay 0.1, no table", "Muon in bfloat16",
              "Newton-Schulz, 3 steps"]
-    rows = bench.compare({name: bench.CANDIDATES[name] for name in names}, 0.2, str(tmp_path / "text.txt"), 2,
+    rows = bench.compare({name: bench.CANDIDATES[name] for name in names}, 0.1, str(tmp_path / "text.txt"), 2,
                          log=lambda line: None, n_embd=16, n_head=2, block_size=16, batch_size=2)
     assert [(r["round"], r["setting"]) for r in rows] == [(1, n) for n in names] + [(2, n) for n in reversed(names)]
     assert all(r["iters"] >= 1 and math.isfinite(r["val_loss"]) for r in rows)
-    default = (False, 20, 3, 0.03, 0.85, 8192, 0.2, real[0], torch.float32, {5})
-    assert seen[:5] == [default, (True, 100, 4, 0.03, 0.95, 0, 0.2, bench.cosine_lr, *default[-2:]),
+    default = (False, 20, 3, 0.03, 0.85, 8192, 0.1, real[0], torch.float32, {5})
+    assert seen[:5] == [default, (True, 100, 4, 0.03, 0.95, 0, 0.1, bench.cosine_lr, *default[-2:]),
                         (False, 20, 4, 3e-3, 0.95, 0, *default[-4:]), (*default[:-2], torch.bfloat16, {5}),
                         (*default[:-1], {3})]
     assert (gpt.lr_at, gpt.newton_schulz, gpt.matmul_dtype) == (real[0], counted, real[2])  # put back after each run
@@ -445,7 +445,7 @@ def test_the_copiers_rows_train_gpt_train_s_weights_through_train_py_and_gpt_tra
 
 def test_bench_copier_prints_its_rows_with_steps_a_second_val_loss_and_the_dtype(tmp_path, capsys):
     (tmp_path / "text.txt").write_text(TEXT[:6000], encoding="utf-8")
-    bench.main(["--copier", "0.5", "--runs", "1", "--data", str(tmp_path / "text.txt"), "--set", "n_layer=1",
+    bench.main(["--copier", "0.2", "--runs", "1", "--data", str(tmp_path / "text.txt"), "--set", "n_layer=1",
                 "--set", "n_embd=16", "--set", "n_head=2", "--set", "block_size=16"])
     out = capsys.readouterr().out
     dtype = str(gpt.matmul_dtype(torch.device("cpu")))[6:]
