@@ -528,11 +528,12 @@ def evaluation_pending(trainer):
 
 
 # ---------------------------------------------------------------------------------------------- out_dir
-def check_out_dir(out_dir, resume=False):
+def check_out_dir(out_dir, resume=False, data_path=None):
     """What gpt.Trainer's own check of out_dir (made, and takes a file) cannot say: what stands where
     the folder, the checkpoint, its temporary file or the lock should be, by name, before the lock
-    is taken in it. "" (which only --resume passes) is refused: a resumed run goes on in its own
-    folder, which holds its checkpoint (a mistyped one is refused, never made)."""
+    is taken in it, and a data_path that is one of the files the run writes there. "" (which only
+    --resume passes) is refused: a resumed run goes on in its own folder, which holds its checkpoint
+    (a mistyped one is refused, never made)."""
     if not out_dir:
         raise ValueError('--resume goes on in the folder of the run, and --out_dir "" names none: '
                          'give the --out_dir it was trained with')
@@ -545,6 +546,12 @@ def check_out_dir(out_dir, resume=False):
             if os.path.isdir(name):
                 raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
                                  f"--out_dir a writable folder")
+        # The lock, a save or the report would write over the text, which would be lost.
+        written = [path, path + ".tmp", os.path.join(out_dir, "train.lock"), os.path.join(out_dir, "report.html")]
+        clash = [name for name in written if data_path and same_file(data_path, name)]
+        if clash:
+            raise ValueError(f"--data {data_path} is {clash[0]}, a file this run writes: keep the data outside "
+                             f"--out_dir, or pass another --out_dir")
         what = unsavable(path + ".tmp")
         if what:
             raise ValueError(f"cannot write {path} ({path}.tmp is {what}): remove it, or pass "
@@ -564,6 +571,11 @@ def check_out_dir(out_dir, resume=False):
         # the folder should be.
         reason = not_a_folder(out_dir) if isinstance(e, FileExistsError) else e.strerror
         raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
+
+
+def same_file(a, b):
+    """Whether paths a and b both exist and name one file (through a link, or as two names of it)."""
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
 def unsavable(name):

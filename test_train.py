@@ -476,6 +476,18 @@ def test_output_going_away_neither_stops_nor_loses_training(tmp_path):
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 30
 
 
+@pytest.mark.parametrize("name", ["train.lock", "ckpt.pt.tmp", "report.html", "ckpt.pt"])
+def test_data_that_is_a_file_the_run_writes_in_its_out_dir_is_refused_and_kept(tmp_path, capsys, name):
+    os.makedirs(tmp_path / "out")
+    text = tmp_path / "out" / name
+    text.write_text(TEXT, encoding="utf-8")
+    os.symlink(text, tmp_path / "data.txt")  # another name of it
+    message = one_line_error(capsys, train, *tiny_flags(tmp_path))
+    assert re.search(rf"--data .*data\.txt is .*out/{re.escape(name)}, a file this run writes: keep the data outside "
+                     rf"--out_dir", message), message
+    assert text.read_text(encoding="utf-8") == TEXT
+
+
 def test_one_run_at_a_time_trains_in_an_out_dir(tmp_path):
     flags = tiny_flags(tmp_path, max_iters=4)
     os.makedirs(tmp_path / "out")

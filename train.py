@@ -206,7 +206,7 @@ def run(tc, data_file, log=print, resume=False, log_interval=100, compile=False,
         error = None
         try:
             if (tc.out_dir or resume) and rank == 0:
-                checkpoint.check_out_dir(tc.out_dir, resume)
+                checkpoint.check_out_dir(tc.out_dir, resume, getattr(data_file, "path", None))
                 lock = checkpoint.own_out_dir(tc.out_dir)
             trainer = set_up(tc, device_name, data_file, dict(given), resume, init_from, rank, say)
         # Every process's error, a bug's too, goes to the agreement, so that none waits for another.
