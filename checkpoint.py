@@ -60,6 +60,10 @@ def load(path, device):
             raise ValueError("its characters hold a lone surrogate")
         # A checkpoint from before the bigram table has none.
         ckpt["config"] = {"bigram": 0, **ckpt["config"]}
+        # Any other field it lacks would take today's default: a model of another block, in silence.
+        missing = [f.name for f in dataclasses.fields(gpt.GPTConfig) if f.name not in ckpt["config"]]
+        if missing:
+            raise ValueError(f"its config lacks {', '.join(missing)}")
         check_weights(ckpt["model"])
         split = split_maps(ckpt["model"], ckpt["config"])
         # Marked, in memory alone, for resume, which cuts the optimizers' states likewise.
@@ -548,7 +552,7 @@ def check_out_dir(out_dir, resume=False, data_path=None):
                                  f"--out_dir a writable folder")
         # The lock, a save or the report would write over the text, which would be lost.
         written = [path, path + ".tmp", os.path.join(out_dir, "train.lock"), os.path.join(out_dir, "report.html")]
-        clash = [name for name in written if data_path and same_file(data_path, name)]
+        clash = [name for name in written if data_path and one_file(data_path, name)]
         if clash:
             raise ValueError(f"--data {data_path} is {clash[0]}, a file this run writes: keep the data outside "
                              f"--out_dir, or pass another --out_dir")
@@ -573,7 +577,7 @@ def check_out_dir(out_dir, resume=False, data_path=None):
         raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
 
 
-def same_file(a, b):
+def one_file(a, b):
     """Whether paths a and b both exist and name one file (through a link, or as two names of it)."""
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 

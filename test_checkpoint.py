@@ -426,3 +426,14 @@ def test_a_pipe_given_as_data_to_a_resume_is_refused_before_its_fingerprint_is_r
     finally:
         writer.cancel()
     assert message.endswith("pipe.bin (it is not a regular file): pass --data a file") and not unblocked, message
+
+
+@pytest.mark.parametrize("field", ["norm", "n_head", "tie_weights"])
+def test_a_checkpoint_whose_config_lacks_a_field_is_refused_not_given_todays_default(tmp_path, capsys, trained_dir,
+                                                                                    field):
+    # Its weights may fit today's default as well (RMSNorm's gain is LayerNorm's, 4 heads divide the width as 2 do):
+    # the model would be another, in silence.
+    hand_made(trained_dir, tmp_path / "out", lambda ckpt: ckpt["config"].pop(field))
+    for module, flags in ((sample, ["--max_new_tokens", "5"]), (train, ["--resume", "--max_iters", "4"])):
+        message = one_line_error(capsys, module, "--out_dir", str(tmp_path / "out"), *flags)
+        assert f"is not a checkpoint this gpt.py can load (ValueError: its config lacks {field})" in message, message
