@@ -103,13 +103,17 @@ def load(path, device):
     return model, tokenizer, ckpt
 
 
+# The floats a weight may be stored in: float8's have no arithmetic to check them with.
+REAL_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def check_weights(state):
     """Refuses a state dict that is not one of dense tensors of real floats: a complex weight would
     load with its imaginary part dropped, with no more than a warning."""
     if not isinstance(state, dict):
         raise TypeError(f"its model is a {type(state).__name__}, not a state dict of weights")
     for name, w in state.items():
-        if not (torch.is_tensor(w) and w.is_floating_point() and w.layout == torch.strided):
+        if not (torch.is_tensor(w) and w.dtype in REAL_FLOATS and w.layout == torch.strided):
             kind = f"a {type(w).__name__}"
             if torch.is_tensor(w):
                 kind = f"a tensor of {str(w.dtype).removeprefix('torch.')}"
@@ -410,6 +414,9 @@ def state_fits(optimizer, saved):
 def evaluations_fit(history):
     """Whether each evaluation has its step, its clock and learning rate, and its finite losses,
     which the report draws."""
+    # A list, as the run appends to it.
+    if type(history) is not list:
+        return False
     return all(type(h["iter"]) is int and 0 <= h["iter"] < MAX_ITER and finite(h["seconds"], 0)
                and finite(h["lr"], 0) and finite(h["train"]) and finite(h["val"]) for h in history)
 

@@ -106,6 +106,7 @@ def test_a_loaded_state_brings_the_moments_and_keeps_the_runs_own_hyperparameter
     (set_in(["history", 0, "seconds"], -1.0), "the evaluations"),
     (set_in(["history", 0, "iter"], True), "the evaluations"),
     (set_in(["history"], 5), "the evaluations"),
+    (lambda ckpt: ckpt.update(history=tuple(ckpt["history"])), "the evaluations"),  # the run appends to it
     # Finite, but so large that the report's charts would overflow drawing them.
     (set_in(["history", 0, "train"], 1.7e308), "the evaluations"),
     (set_in(["history", 0, "lr"], 1e300), "the evaluations"),
@@ -379,6 +380,8 @@ def with_weight(name, make):
     (with_weight("ln_f.weight", lambda w: w.to(torch.complex64)),
      "its weight 'ln_f.weight' is a tensor of complex64, not a dense tensor of real floats"),
     (with_weight("ln_f.weight", lambda w: w.long()), "'ln_f.weight' is a tensor of int64, not a dense"),
+    # A float8 weight has no arithmetic to check it with (isfinite), nor one to train it.
+    (with_weight("ln_f.weight", lambda w: w.to(torch.float8_e4m3fn)), "'ln_f.weight' is a tensor of float8_e4m3fn"),
     (with_weight("ln_f.weight", lambda w: w.to_sparse()), "'ln_f.weight' is a sparse_coo tensor, not a dense"),
     (with_weight("ln_f.weight", lambda w: w.tolist()), "'ln_f.weight' is a list, not a dense"),
     (lambda ckpt: ckpt.__setitem__("model", list(ckpt["model"])), "its model is a list, not a state dict"),
