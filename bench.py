@@ -1715,7 +1715,8 @@ def check_json(path):
         try:
             with open(path, encoding="utf-8") as f:
                 figures = json.loads(f.read(10 ** 7))
-        except (OSError, ValueError):
+        # RecursionError: JSON nested past Python's depth ([[[...), no figures of ours either.
+        except (OSError, ValueError, RecursionError):
             figures = None
         if not (isinstance(figures, dict) and "date" in figures and "torch" in figures):
             raise ValueError(f"{path} holds something other than figures bench.py wrote, which --json would write "

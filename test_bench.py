@@ -27,6 +27,7 @@ from conftest import HERE, HANG, SWITCHES, TEXT, TINY, interrupted, one_line_err
     (["--quality", "1", "--json", "TEXT"], "holds something other than figures bench.py wrote, which --json would "
                                            "write over: pass --json a new file"),
     (["--quality", "1", "--json", "CONFIG"], "holds something other than figures bench.py wrote"),
+    (["--quality", "1", "--json", "NESTED"], "holds something other than figures bench.py wrote"),  # [[[... too deep
     (["--candidates", "1", "--data", ""], "cannot read the data file"),  # "" is no file, not input.txt
     (["--nanogpt", "FOLDER"], "no model.py in"),
     (["--nanogpt", "EXITS"], "cannot import GPT and GPTConfig from"),
@@ -39,6 +40,7 @@ def test_bad_bench_input_is_one_line_before_anything_is_measured(tmp_path, capsy
     (tmp_path / "EXITS" / "model.py").write_text("import sys\nsys.exit(0)\n")
     (tmp_path / "TEXT").write_text(TEXT, encoding="utf-8")
     (tmp_path / "CONFIG").write_text('{"model_type": "gpt2"}', encoding="utf-8")
+    (tmp_path / "NESTED").write_text("[" * 100_000, encoding="utf-8")
     message = one_line_error(capsys, bench, *[str(tmp_path / f) if f.isupper() else f for f in flags])
     assert message.startswith("error: ") and match in message, message  # sys.exit("error: ..."): status 1
     assert (tmp_path / "TEXT").read_text(encoding="utf-8") == TEXT
