@@ -1179,6 +1179,7 @@ def test_the_workbook_from_the_command_line(capsys):
     workbook.main(["--exercise", "5", "--answer"])
     assert "Why: " in capsys.readouterr().out
     for args, says in ((["--exercise", "0"], "a number from 1 to"), (["--exercise", "x"], "a number from 1 to"),
+                       (["--exercise", "\u00b2", "--hint"], "a number from 1 to"),  # a digit, but no number to int()
                        (["--answer"], "--answer goes with --exercise N")):
         with pytest.raises(SystemExit) as exit_info:
             workbook.main(args)

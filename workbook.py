@@ -285,7 +285,7 @@ def learners_exercise(twin):
     """The exercise whose copy twin is (exercise_N.py), from the workbook; None for any other."""
     name = os.path.basename(getattr(twin, "__file__", "") or "")
     number = name[len("exercise_"):-len(".py")]
-    if not (name.startswith("exercise_") and name.endswith(".py") and number.isdigit()):
+    if not (name.startswith("exercise_") and name.endswith(".py") and number.isdecimal()):
         return None
     try:
         found = exercises()
@@ -1473,7 +1473,7 @@ def main(argv=None, twin=gpt_numpy):
             parser.error("--hint goes with --exercise N, or in your copy, exercise_N.py")
         number = args.exercise or os.path.basename(twin.__file__)[len("exercise_"):-len(".py")]
         try:
-            if not (number.isdigit() and 1 <= int(number) <= len(exercises())):
+            if not (number.isdecimal() and 1 <= int(number) <= len(exercises())):
                 raise ValueError(f"--exercise takes a number from 1 to {len(exercises())}; "
                                  f"not {number!r}")
             print(next_hint(int(number), twin, args.hint or None))
