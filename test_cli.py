@@ -129,7 +129,7 @@ def test_a_path_that_names_memory_is_not_said_to_be_out_of_memory(tmp_path, caps
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write finds the disk full")
 def test_output_to_a_full_disk_is_one_line(trained_dir):
-    for args in (["sample.py", "--out_dir", trained_dir], ["gpt_numpy.py", "--check"]):
+    for args in (["sample.py", "--out_dir", trained_dir], ["gpt_numpy.py", "--check"], ["workbook.py", "--help"]):
         with open("/dev/full", "w") as full:
             done = subprocess.run([sys.executable, *args], cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True,
                                   timeout=HANG)

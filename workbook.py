@@ -1724,8 +1724,14 @@ def run_copy(argv):
 
 def run(twin):
     """python gpt_numpy.py ...: main on twin, its output's failures each in one line."""
+    guarded(main, twin=twin)
+
+
+def guarded(command, *args, **kwargs):
+    """Runs command(*args, **kwargs), a command line's whole work: a reader gone away, output that
+    cannot be written and Ctrl-C each end it in one line, never a traceback."""
     try:
-        main(twin=twin)
+        command(*args, **kwargs)
     # The reader went away (python gpt_numpy.py --check | head): end quietly, as cat does.
     except BrokenPipeError:
         quiet_stdout()
@@ -1741,4 +1747,4 @@ def run(twin):
 
 
 if __name__ == "__main__":
-    run_copy(sys.argv[1:])
+    guarded(run_copy, sys.argv[1:])
