@@ -1433,7 +1433,7 @@ def test_train_runs_the_learners_backward_beside_the_references_and_fails_where_
 
 # ---------------------------------------------------------------------------------------- the demo and its command line
 @pytest.mark.parametrize("content, match", [
-    (None, "there is no such file"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),
+    (None, "No such file or directory"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),
     (bytes(range(256)) * 40, "it is not UTF-8 text"),
     (b"\0" * 2000 + TEXT[:2000].encode(), "holds NUL bytes, so it is binary data, not a text"),  # valid UTF-8
     (b"", "has 0 characters"), (b"a", "has 1 characters"), (b"hello world", "has 11 characters"),
@@ -1486,15 +1486,19 @@ def test_a_mode_refuses_an_input_it_would_ignore(capsys):
         assert_one_line(run_main(capsys, *args), says, code=2)
 
 
-def test_a_text_that_is_a_pipe_or_a_broken_link_is_one_line(twin_dir, capsys):
+def test_a_text_that_is_a_pipe_a_broken_link_a_loop_of_links_or_no_path_is_one_line(twin_dir, capsys):
     pipe = twin_dir / "pipe"
     os.mkfifo(pipe)
     link = twin_dir / "link"
     link.symlink_to(twin_dir / "gone")
     cut = twin_dir / "cut"
     cut.write_bytes("é".encode() * 2000 + "é".encode()[:1])  # its last character cut in half
-    for path, says in ((pipe, "it is not a file"), (link, "there is no such file"), (cut, "it is not UTF-8 text")):
+    loop = twin_dir / "loop"
+    loop.symlink_to(loop)
+    for path, says in ((pipe, "it is not a file"), (link, "No such file or directory"), (cut, "it is not UTF-8 text"),
+                       (loop, "Too many levels of symbolic links")):
         assert_one_line(run_main(capsys, str(path), "--seconds", "1"), f"cannot read {path} ({says})")
+    assert_one_line(run_main(capsys, "", "--seconds", "1"), "the path of the text is empty: give the path of a UTF-8")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and sets RLIMIT_AS")

@@ -1392,11 +1392,13 @@ def seconds_type(text):
 def read_text(path, block_size):
     """The text at path, refused in one line unless it is UTF-8 and its last 10% holds one example
     of block_size."""
+    if not path:
+        raise ValueError("the path of the text is empty: give the path of a UTF-8 text file")
     try:
         # A folder; or a device or a pipe, which could be read forever.
         if not os.path.isfile(path):
-            reason = "it is not a file" if os.path.exists(path) else "there is no such file"
-            raise OSError(0, reason)
+            os.stat(path)  # raises what keeps it from being read: none there, a loop of links, ...
+            raise OSError(0, "it is not a file")
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
