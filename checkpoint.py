@@ -582,6 +582,10 @@ def check_out_dir(out_dir, resume=False, data_path=None):
         # the folder should be.
         reason = not_a_folder(out_dir) if isinstance(e, FileExistsError) else e.strerror
         raise ValueError(f"cannot write {path} ({reason}): pass --out_dir a writable folder") from None
+    # os.makedirs calls itself once a folder it makes: a path of 1,000 folders to make is past Python's depth.
+    except RecursionError:
+        raise ValueError(f"cannot make {out_dir} (more folders to make than Python's os.makedirs goes "
+                         f"down): make them first, or pass --out_dir a shallower folder") from None
 
 
 def one_file(a, b):

@@ -544,6 +544,7 @@ NUMBERS = [f.name for f in fields(gpt.TrainConfig) if type(f.default) in (int, f
     (["--out_dir", "/sys/kernel"], "cannot write /sys/kernel/train.lock ("),  # a folder this process cannot write in
     (["--out_dir", "LOOP"], "LOOP is a loop of symbolic links): pass --out_dir a writable folder"),
     (["--out_dir", "NOWHERE"], "NOWHERE is a link to "),
+    (["--out_dir", "FOLDER" + "/d" * 1100], "folders to make than Python's os.makedirs goes down): make them first"),
     (["--max_time", "3"], "--max_time trains for seconds, --max_iters for steps: give one of them"),  # beside 2
     (["--max_time", "1e9"], "give one of them"),
     (["--resume", "--out_dir", ""], '--out_dir "" names none: give the --out_dir it was trained with'),
