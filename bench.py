@@ -873,6 +873,34 @@ def wider_init(blocks=None, embedding=None):
     return build
 
 
+def mlp_wide(ratio):
+    """(config) -> the default model with each MLP ratio * n_embd wide, in place of SwiGLU's 8/3 * n_embd rounded up to
+    a multiple of 64: fewer units make a step cheaper (its MLP is two thirds of the products), more hold more."""
+
+    def build(config):
+        model = gpt.GPT(config)
+        hidden = round(ratio * config.n_embd)
+        for block in model.h:
+            block.mlp.c_fc = torch.nn.Linear(config.n_embd, hidden, bias=config.bias)
+            block.mlp.c_gate = torch.nn.Linear(config.n_embd, hidden, bias=config.bias)
+            block.mlp.c_proj = torch.nn.Linear(hidden, config.n_embd, bias=config.bias)
+        model.init_weights()
+        return model
+
+    return build
+
+
+def norms_without_gains(config):
+    """The default model with every RMSNorm without its learned gain, as modded-nanogpt has them: the matrices after
+    each norm scale what they read."""
+    model = gpt.GPT(config)
+    for block in model.h:
+        block.ln_1 = torch.nn.RMSNorm(config.n_embd, eps=1e-5, elementwise_affine=False)
+        block.ln_2 = torch.nn.RMSNorm(config.n_embd, eps=1e-5, elementwise_affine=False)
+    model.ln_f = torch.nn.RMSNorm(config.n_embd, eps=1e-5, elementwise_affine=False)
+    return model
+
+
 class X0Block(torch.nn.Module):
     """A block whose input mixes the residual stream with x0, the token embedding, by two learned weights that
     start at (1, 0): the block as it is, until the embedding proves worth reading again (modded-nanogpt's)."""
@@ -1270,6 +1298,9 @@ CANDIDATES = {
     "backout": Setting(model=backout),
     "cooldown as 1 - sqrt": Setting(lr_at=sqrt_cooldown),
     "AdamW's beta2 0.95": Setting(changes=dict(beta2=0.95)),
+    "MLP 2x wide": Setting(model=mlp_wide(2)),
+    "MLP 4x wide": Setting(model=mlp_wide(4)),
+    "norms without gains": Setting(model=norms_without_gains),
 }
 # train.py's run (train.run), a copy of gpt.py alone (gpt.train(tc, text)), and AdamW alone, the
 # bar the copier's default must clear at equal time.

@@ -810,6 +810,27 @@ def test_the_new_candidates_change_what_they_say_and_nothing_else():
     assert all(block.lambdas.grad[1] != 0 for block in model.h)
 
 
+def test_the_mlp_widths_and_the_norms_without_gains_change_those_alone():
+    config = gpt.GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=24)
+    idx = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    plain = gpt.GPT(config)
+    for ratio, name in ((2, "MLP 2x wide"), (4, "MLP 4x wide")):
+        model = bench.CANDIDATES[name].model(config)
+        for block in model.h:
+            shapes = [tuple(m.weight.shape) for m in (block.mlp.c_fc, block.mlp.c_gate, block.mlp.c_proj)]
+            assert shapes == [(ratio * 24, 24), (ratio * 24, 24), (24, ratio * 24)]
+        # Started as gpt.py starts the default's: std 0.02, the outputs to the stream 0.02 / sqrt(2 n_layer).
+        assert model.h[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.15)
+        assert model.h[0].mlp.c_proj.weight.std().item() == pytest.approx(0.01, rel=0.15)
+    torch.manual_seed(0)
+    model = bench.CANDIDATES["norms without gains"].model(config)
+    names = {name for name, _ in model.named_parameters()}
+    assert names == {name for name, _ in plain.named_parameters() if "ln_" not in name}
+    # gpt.py's gains start at 1: without them, the same logits at the start.
+    assert torch.allclose(model(idx)[0], plain(idx)[0])
+
+
 def test_wider_init_starts_the_weights_it_names_at_their_std_and_leaves_the_others_as_gpt_py_starts_them():
     config = gpt.GPTConfig(vocab_size=50, n_layer=2, n_head=4, n_embd=256)
     torch.manual_seed(0)
