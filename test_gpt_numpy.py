@@ -1479,6 +1479,20 @@ def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path, capsys
     assert re.search(r"after \d+ steps at \d+ ms/step: val loss \d\.\d+\nsample:\n.{20}", out, re.S), out
 
 
+def test_the_twin_demo_shows_a_texts_and_a_paths_escapes_and_marks_escaped(tmp_path, capsys):
+    # A text of few characters, a terminal's escape and a mark that turns the text among them: the sample holds them.
+    path = tmp_path / "a\x1b[2Jtext\u202e"
+    path.write_text("ab\x1b\u202e\n" * 500, encoding="utf-8")
+    done = run_main(capsys, str(path), "--seconds", "1e-9")
+    assert done.returncode == 0, done.stderr
+    sample = done.stdout.split("sample:\n")[1]
+    assert "\\x1b" in sample and "\\u202e" in sample and "\n" in sample.strip(), sample  # a line's end kept
+    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout, done.stdout
+    assert f"on {tmp_path}/a\\x1b[2Jtext\\u202e with NumPy alone" in done.stdout, done.stdout
+    path.write_text("short", encoding="utf-8")
+    assert_one_line(run_main(capsys, str(path)), f"{tmp_path}/a\\x1b[2Jtext\\u202e has 5 characters")
+
+
 def test_a_mode_refuses_an_input_it_would_ignore(capsys):
     for args, says in ((["--check", "input.txt"], "--check trains nothing"),
                        (["--exercise", "1", "--seconds", "5"], "--exercise trains nothing"),

@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 import traceback
+import unicodedata
 
 import numpy as np
 
@@ -1389,6 +1390,18 @@ def seconds_type(text):
     return value
 
 
+# The marks that turn the direction of the text after them, as a terminal shows it.
+TURNS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def visible(text):
+    """text with its control characters (but a line's end and the tab) and its bidirectional marks
+    written as escapes, as \\x1b: a text's characters, or a path given, may hold a terminal's escape."""
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if c not in "\n\r\t" and (unicodedata.category(c) in ("Cc", "Cs", "Cn") or c in TURNS)
+                   else c for c in text)
+
+
 def read_text(path, block_size):
     """The text at path, refused in one line unless it is UTF-8 and its last 10% holds one example
     of block_size."""
@@ -1403,15 +1416,15 @@ def read_text(path, block_size):
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
-        raise ValueError(f"cannot read {path} ({reason}): give the path of a UTF-8 text "
+        raise ValueError(f"cannot read {visible(path)} ({reason}): give the path of a UTF-8 text "
                          f"file") from None
     # As train.py has it: a text never holds NUL bytes, binary data does.
     if "\0" in text:
-        raise ValueError(f"{path} holds NUL bytes, so it is binary data, not a text: give the path "
-                         f"of a UTF-8 text file")
+        raise ValueError(f"{visible(path)} holds NUL bytes, so it is binary data, not a text: give "
+                         f"the path of a UTF-8 text file")
     if len(text) - int(0.9 * len(text)) <= block_size + 1:
         least = 10 * (block_size + 2) + 10
-        raise ValueError(f"{path} has {len(text)} characters: its last 10%, held out for "
+        raise ValueError(f"{visible(path)} has {len(text)} characters: its last 10%, held out for "
                          f"validation, must hold {block_size + 2}: give a text of {least} or more")
     return text
 
@@ -1592,7 +1605,7 @@ def demo(twin, data, chars, stoi, path, seconds):
 
     n_params = sum(w.size for w in model.params.values())
     print(f"training a {n_params:,}-parameter GPT ({config.n_layer} layers, {config.n_embd} wide, "
-          f"context {T}) on {path} with NumPy alone, for {seconds:g} s")
+          f"context {T}) on {visible(path)} with NumPy alone, for {seconds:g} s")
     untrained = decode(generate(model, prompt, 60, generator=rng)[0, 1:])
     print(f"untrained, it writes: {untrained!r}")
     t0 = time.time()
@@ -1619,7 +1632,7 @@ def demo(twin, data, chars, stoi, path, seconds):
     ms_per_step = (time.time() - t0) / max(step, 1) * 1000
     val = np.mean([model.forward(*batch(data[n:]))[1] for _ in range(20)])
     print(f"after {step} steps at {ms_per_step:.0f} ms/step: val loss {val:.3f}\nsample:")
-    print(decode(generate(model, prompt, 300, temperature=0.8, generator=rng)[0, 1:]))
+    print(visible(decode(generate(model, prompt, 300, temperature=0.8, generator=rng)[0, 1:])))
 
 
 # The step of --train's plain gradient descent, at which the check's models learn in 120 steps.
