@@ -25,14 +25,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         # argparse's message on one line, without its usage block; under torchrun, from the first
-        # process alone (every process reads the same command line).
-        self.exit(2, None if other_process() else f"{self.prog}: error: {message} (see --help)\n")
+        # process alone (every process reads the same command line), and from any not torchrun's.
+        ranks = torchrun_ranks()
+        self.exit(2, None if ranks is not None and ranks[0] > 0 else f"{self.prog}: error: {message} (see --help)\n")
 
 
-def other_process():
-    """Whether this is a process of a torchrun job other than the first: RANK 1 and on, as torchrun sets it."""
-    told = [os.environ.get(name, "") for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE")]
-    return all(n.isdecimal() for n in told) and 0 <= int(told[0]) <= int(told[1]) < int(told[2]) and int(told[1]) > 0
+def torchrun_ranks():
+    """(rank, local rank, world size) as torchrun sets them ((0, 0, 1): one process), or None where they are not so."""
+    if os.environ.get("WORLD_SIZE", "1") == "1":
+        return 0, 0, 1
+    told = [os.environ.get(name, "") for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
+    ranks = tuple(map(int, told)) if all(n.isdecimal() for n in told) else None
+    return ranks if ranks is not None and 0 <= ranks[1] <= ranks[0] < ranks[2] else None
 
 
 def number(kind, ok, rule):
@@ -103,11 +107,6 @@ def usable_device(name=""):
 FIELDS = {f.name: f for f in dataclasses.fields(gpt.TrainConfig)}
 
 
-def choices(name):
-    """The values the option name may take, when it names them; else ()."""
-    return FIELDS[name].metadata.get("choices") or ()
-
-
 def option_rule(name):
     """argparse's keywords for the TrainConfig option name, from its field: a type that reads the
     text and checks it by gpt.check_option, and its help. --help shows the default after the help,
@@ -126,8 +125,9 @@ def option_rule(name):
             raise argparse.ArgumentTypeError(str(e)) from None
     parse.__name__ = kind.__name__
     rule = dict(help=f.metadata["help"], type=parse)
-    if choices(name):
-        rule["metavar"] = "{" + ",".join(choices(name)) + "}"
+    # An option of choices shows them, not its type's name.
+    if f.metadata.get("choices"):
+        rule["metavar"] = "{" + ",".join(f.metadata["choices"]) + "}"
     return rule
 
 

@@ -29,17 +29,12 @@ class Failed(ValueError):
 def ranks():
     """(rank, local rank, world size) as torchrun sets them; (0, 0, 1) in a single process. Others
     are refused in one line: a rank past the world would wait for its peers for good."""
-    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
-    if os.environ.get("WORLD_SIZE", "1") == "1":
-        return 0, 0, 1
-    try:
-        world, rank, local = (int(os.environ[name]) for name in names)
-        if 0 <= local <= rank < world:
-            return rank, local, world
-    except (KeyError, ValueError):
-        pass
-    raise ValueError(f"{told(*names)}: not as torchrun sets them (whole numbers, 0 <= LOCAL_RANK <= RANK < "
-                     f"WORLD_SIZE): launch with torchrun --nproc_per_node=N train.py, or unset WORLD_SIZE")
+    found = cli.torchrun_ranks()
+    if found is None:
+        raise ValueError(f"{told('WORLD_SIZE', 'RANK', 'LOCAL_RANK')}: not as torchrun sets them (whole numbers, "
+                         f"0 <= LOCAL_RANK <= RANK < WORLD_SIZE): launch with torchrun --nproc_per_node=N train.py, "
+                         f"or unset WORLD_SIZE")
+    return found
 
 
 def told(*names):
