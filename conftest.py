@@ -1,6 +1,8 @@
 """Fixtures and helpers shared by the test files. Run the tests: python -m pytest -q
 
 A timeout here only catches a hang: every one is minutes, far beyond what a slow, busy machine takes.
+
+The whole suite runs in two lanes, one a core (see "two lanes" below): most tests are one Python process's work.
 """
 import dataclasses
 import glob
@@ -9,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -227,3 +230,105 @@ def models_made(monkeypatch):
 
     monkeypatch.setattr(gpt.GPT, "__init__", init)
     return made
+
+
+# ---------------------------------------------------------------------------------------------------- two lanes
+# python -m pytest with no test named runs these files in a second pytest process, started before this one runs the
+# rest, and shows its reports here as its own: most tests are a Python process's work on one core, so the two lanes
+# take about half the time of one. The files are split by their measured time, about half each.
+SECOND_LANE = ("test_gpt_numpy.py", "test_bench.py", "test_project.py", "test_cli.py")
+# Set in the second lane: the file its reports go to, one JSON object a line.
+LANE_REPORTS = "GPT_TESTS_LANE_REPORTS"
+# The first lane's hold on the second: (its files, its process, its reports' file, its output, both lanes' tests).
+LANE = pytest.StashKey()
+
+
+def two_lanes(config):
+    """Whether this run splits in two: the whole suite (no test named), not one to debug or collect, nor a lane, nor
+    one given a --basetemp (which each pytest process empties as it starts)."""
+    named = config.args_source == pytest.Config.ArgsSource.ARGS
+    one = config.option.collectonly or config.option.usepdb or config.option.basetemp
+    return not (named or one or os.environ.get(LANE_REPORTS))
+
+
+class LaneReports:
+    """The second lane's plugin: each report also goes, as one line, to the file the first lane reads."""
+
+    def __init__(self, config, path):
+        self.config = config
+        self.path = path
+
+    def pytest_runtest_logreport(self, report):
+        self.write(report)
+
+    def pytest_collectreport(self, report):
+        # A test file that fails to import: the first lane shows the error, and the run fails.
+        if report.failed:
+            self.write(report)
+
+    def write(self, report):
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(data) + "\n")
+
+
+def pytest_configure(config):
+    config.stash[LANE] = None
+    if os.environ.get(LANE_REPORTS):
+        config.pluginmanager.register(LaneReports(config, os.environ[LANE_REPORTS]))
+    if two_lanes(config) or os.environ.get(LANE_REPORTS):
+        # One thread a process, the tests' own processes too: two lanes of two threads would outnumber two cores,
+        # and torch's waiting threads spin.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Starts the second lane on its files, which this process then leaves to it."""
+    files = sorted({item.path.name for item in items if item.path.name in SECOND_LANE})
+    if not (two_lanes(config) and files):
+        return
+    reports = tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".jsonl", delete=False)
+    output = tempfile.TemporaryFile("w+")
+    args = [sys.executable, "-m", "pytest", *config.invocation_params.args, *files]
+    proc = subprocess.Popen(args, cwd=config.invocation_params.dir, stdout=output, stderr=subprocess.STDOUT,
+                            env={**os.environ, LANE_REPORTS: reports.name})
+    config.stash[LANE] = (files, proc, reports, output, len(items))
+    items[:] = [item for item in items if item.path.name not in SECOND_LANE]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """This lane's tests, then the second lane's reports, shown as if they ran here. A second lane that ended
+    without its reports (killed, or pytest's own error) fails the run, with the end of what it printed."""
+    lane = session.config.stash[LANE]
+    if lane is None:
+        return (yield)
+    files, proc, reports, output, collected = lane
+    session.testscollected = collected  # the progress counts the tests of both lanes
+    try:
+        result = yield
+        code = proc.wait()
+    finally:
+        proc.kill()  # a run stopped here (Ctrl-C, -x) stops the second lane too
+        proc.wait()
+        os.unlink(reports.name)  # read on through the open file
+    hook = session.config.hook
+    with reports:
+        for line in reports:
+            report = hook.pytest_report_from_serializable(config=session.config, data=json.loads(line))
+            if isinstance(report, pytest.CollectReport):
+                hook.pytest_collectreport(report=report)
+                continue
+            if report.when == "setup":
+                hook.pytest_runtest_logstart(nodeid=report.nodeid, location=report.location)
+            hook.pytest_runtest_logreport(report=report)
+            if report.when == "teardown":
+                hook.pytest_runtest_logfinish(nodeid=report.nodeid, location=report.location)
+    # pytest's codes for tests that all passed, some failed, or none collected (a -k that matched none there).
+    if code not in (0, 1, 5):
+        output.seek(0)
+        said = f"it ended with status {code}; the end of what it printed:\n{output.read()[-3000:]}"
+        name = f"the second lane ({', '.join(files)})"
+        hook.pytest_collectreport(report=pytest.CollectReport(name, "failed", said, []))
+    return result

@@ -2,13 +2,16 @@
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 import gpt
 import train
-from conftest import HERE, run_cli
+import conftest
+from conftest import HANG, HERE, run_cli
 
 
 def test_lines_are_at_most_100_characters_in_the_files_people_read_and_120_elsewhere():
@@ -83,3 +86,23 @@ def test_the_model_sizes_and_counts_the_docs_give_are_those_of_the_code_and_inpu
     assert f"(`input.txt`, the default text, has {chars};" in reference
     held_out = len(gpt.split(text)["val"])
     assert f"all of `input.txt`'s {held_out:,} held-out characters, {held_out - 1:,} of them predicted" in reference
+
+
+def test_the_two_lanes_report_every_test_and_a_failure_or_a_lost_lane_fails_the_run(tmp_path):
+    """python -m pytest with no test named runs conftest.SECOND_LANE's files in a second process: its tests count
+    as the first lane's do, and a failure there, or that process lost, fails the run."""
+    shutil.copy(os.path.join(HERE, "conftest.py"), tmp_path)
+    os.symlink(os.path.join(HERE, "input.txt"), tmp_path / "input.txt")  # which conftest reads
+    (tmp_path / "test_first.py").write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0\n")
+    second = conftest.SECOND_LANE[0]
+    (tmp_path / second).write_text("import os\nimport signal\n\n\ndef test_passes():\n    pass\n\n\n"
+                                   "def test_fails():\n    assert 0, 'in the second lane'\n\n\n"
+                                   "def test_lost():\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    # This test may run in a second lane itself: the run it starts is a first lane of its own.
+    env = {**{k: v for k, v in os.environ.items() if k != conftest.LANE_REPORTS}, "PYTHONPATH": HERE}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 1 and "2 failed, 2 passed, 1 error in" in done.stdout, done.stdout
+    assert "FAILED test_first.py::test_fails" in done.stdout, done.stdout
+    assert f"FAILED {second}::test_fails - AssertionError: in the second lane" in done.stdout, done.stdout
+    assert f"ERROR the second lane ({second}) - it ended with status -9" in done.stdout, done.stdout
