@@ -239,7 +239,8 @@ def models_made(monkeypatch):
 SECOND_LANE = ("test_gpt_numpy.py", "test_bench.py", "test_project.py", "test_cli.py")
 # Set in the second lane: the file its reports go to, one JSON object a line.
 LANE_REPORTS = "GPT_TESTS_LANE_REPORTS"
-# The first lane's hold on the second: (its files, its process, its reports' file, its output, both lanes' tests).
+# The first lane's hold on the second: (its files, its tests, its process, its reports' file, its output, both
+# lanes' tests).
 LANE = pytest.StashKey()
 
 
@@ -283,8 +284,10 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Starts the second lane on its files, which this process then leaves to it."""
+    """Starts the second lane on its files, which this process then leaves to it: last, once -k, -m and the like
+    have chosen the tests, as they choose them there."""
     files = sorted({item.path.name for item in items if item.path.name in SECOND_LANE})
     if not (two_lanes(config) and files):
         return
@@ -293,7 +296,8 @@ def pytest_collection_modifyitems(session, config, items):
     args = [sys.executable, "-m", "pytest", *config.invocation_params.args, *files]
     proc = subprocess.Popen(args, cwd=config.invocation_params.dir, stdout=output, stderr=subprocess.STDOUT,
                             env={**os.environ, LANE_REPORTS: reports.name})
-    config.stash[LANE] = (files, proc, reports, output, len(items))
+    second = [item for item in items if item.path.name in SECOND_LANE]
+    config.stash[LANE] = (files, len(second), proc, reports, output, len(items))
     items[:] = [item for item in items if item.path.name not in SECOND_LANE]
 
 
@@ -304,7 +308,8 @@ def pytest_runtestloop(session):
     lane = session.config.stash[LANE]
     if lane is None:
         return (yield)
-    files, proc, reports, output, collected = lane
+    files, tests, proc, reports, output, collected = lane
+    ended = 0
     session.testscollected = collected  # the progress counts the tests of both lanes
     try:
         result = yield
@@ -325,10 +330,13 @@ def pytest_runtestloop(session):
             hook.pytest_runtest_logreport(report=report)
             if report.when == "teardown":
                 hook.pytest_runtest_logfinish(nodeid=report.nodeid, location=report.location)
-    # pytest's codes for tests that all passed, some failed, or none collected (a -k that matched none there).
-    if code not in (0, 1, 5):
+                ended += 1
+    # pytest's codes for tests that all passed, some failed, or none collected; all passed is each test's end
+    # reported (a test may end its process with status 0: os._exit(0)).
+    if code not in (0, 1, 5) or (code == 0 and ended < tests):
         output.seek(0)
-        said = f"it ended with status {code}; the end of what it printed:\n{output.read()[-3000:]}"
+        said = (f"it ended with status {code}, {ended} of its {tests} tests reported; the end of what it printed:\n"
+                f"{output.read()[-3000:]}")
         name = f"the second lane ({', '.join(files)})"
         hook.pytest_collectreport(report=pytest.CollectReport(name, "failed", said, []))
     return result

@@ -90,19 +90,30 @@ def test_the_model_sizes_and_counts_the_docs_give_are_those_of_the_code_and_inpu
 
 def test_the_two_lanes_report_every_test_and_a_failure_or_a_lost_lane_fails_the_run(tmp_path):
     """python -m pytest with no test named runs conftest.SECOND_LANE's files in a second process: its tests count
-    as the first lane's do, and a failure there, or that process lost, fails the run."""
-    shutil.copy(os.path.join(HERE, "conftest.py"), tmp_path)
-    os.symlink(os.path.join(HERE, "input.txt"), tmp_path / "input.txt")  # which conftest reads
-    (tmp_path / "test_first.py").write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0\n")
+    as the first lane's do, and a failure there, or that process lost or ended before its tests did, fails the run."""
     second = conftest.SECOND_LANE[0]
-    (tmp_path / second).write_text("import os\nimport signal\n\n\ndef test_passes():\n    pass\n\n\n"
-                                   "def test_fails():\n    assert 0, 'in the second lane'\n\n\n"
-                                   "def test_lost():\n    os.kill(os.getpid(), signal.SIGKILL)\n")
-    # This test may run in a second lane itself: the run it starts is a first lane of its own.
+    suites = {  # the second lane's file in each suite; the first lane's fails one test of two
+        "killed": "def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0, 'in the second lane'\n\n\n"
+                  "def test_lost():\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+        "ended": "def test_passes():\n    pass\n\n\ndef test_ends():\n    os._exit(0)\n\n\ndef test_never_run():\n    pass\n",
+    }
+    # This test may run in a second lane itself: the runs it starts are first lanes of their own.
     env = {**{k: v for k, v in os.environ.items() if k != conftest.LANE_REPORTS}, "PYTHONPATH": HERE}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=HANG)
-    assert done.returncode == 1 and "2 failed, 2 passed, 1 error in" in done.stdout, done.stdout
-    assert "FAILED test_first.py::test_fails" in done.stdout, done.stdout
-    assert f"FAILED {second}::test_fails - AssertionError: in the second lane" in done.stdout, done.stdout
-    assert f"ERROR the second lane ({second}) - it ended with status -9" in done.stdout, done.stdout
+    runs = {}
+    for name, tests in suites.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(os.path.join(HERE, "conftest.py"), folder)
+        os.symlink(os.path.join(HERE, "input.txt"), folder / "input.txt")  # which conftest reads
+        (folder / "test_first.py").write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0\n")
+        (folder / second).write_text("import os\nimport signal\n\n\n" + tests)
+        runs[name] = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=folder,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = {name: run.communicate(timeout=HANG)[0] for name, run in runs.items()}
+    assert all(run.returncode == 1 for run in runs.values()), said
+    out = said["killed"]
+    assert "2 failed, 2 passed, 1 error in" in out, out
+    assert "FAILED test_first.py::test_fails" in out and f"FAILED {second}::test_fails - AssertionError: in the" in out
+    assert "it ended with status -9, 2 of its 3 tests reported" in out, out
+    out = said["ended"]
+    assert "1 failed, 2 passed, 1 error in" in out and "it ended with status 0, 1 of its 3 tests reported" in out, out
