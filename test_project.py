@@ -95,7 +95,8 @@ def test_the_two_lanes_report_every_test_and_a_failure_or_a_lost_lane_fails_the_
     suites = {  # the second lane's file in each suite; the first lane's fails one test of two
         "killed": "def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0, 'in the second lane'\n\n\n"
                   "def test_lost():\n    os.kill(os.getpid(), signal.SIGKILL)\n",
-        "ended": "def test_passes():\n    pass\n\n\ndef test_ends():\n    os._exit(0)\n\n\ndef test_never_run():\n    pass\n",
+        "ended": "def test_passes():\n    pass\n\n\ndef test_ends():\n    os._exit(0)\n\n\n"
+                 "def test_never_run():\n    pass\n",
     }
     # This test may run in a second lane itself: the runs it starts are first lanes of their own.
     env = {**{k: v for k, v in os.environ.items() if k != conftest.LANE_REPORTS}, "PYTHONPATH": HERE}
