@@ -4,15 +4,19 @@ A timeout here only catches a hang: every one is minutes, far beyond what a slow
 
 The whole suite runs in two lanes, one a core (see "two lanes" below): most tests are one Python process's work.
 """
+import contextlib
 import dataclasses
 import glob
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -233,51 +237,73 @@ def models_made(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------- two lanes
-# python -m pytest with no test named runs these files in a second pytest process, started before this one runs the
-# rest, and shows its reports here as its own: most tests are a Python process's work on one core, so the two lanes
-# take about half the time of one. The files are split by their measured time, about half each.
+# python -m pytest with no test named runs these files in a second pytest process, started as this one starts the
+# rest, and replays its reports here as its own: most tests are a Python process's work on one core, so the two
+# lanes take about half the time of one. The files are split by their measured time, about half each.
 SECOND_LANE = ("test_gpt_numpy.py", "test_bench.py", "test_project.py", "test_cli.py")
-# Set in the second lane: the file its reports go to, one JSON object a line.
+# Set for the second lane: the file descriptor its records go to, pickled one after another.
 LANE_REPORTS = "GPT_TESTS_LANE_REPORTS"
-# The first lane's hold on the second: (its files, its tests, its process, its reports' file, its output, both
-# lanes' tests).
+# The first lane's hold on the second: (its files' paths, how many of its tests run), or None.
 LANE = pytest.StashKey()
 
 
 def two_lanes(config):
-    """Whether this run splits in two: the whole suite (no test named), not one to debug or collect, nor a lane, nor
-    one given a --basetemp (which each pytest process empties as it starts)."""
+    """Whether this run splits in two: the whole suite, no test named, run straight through: not to debug, step,
+    rerun the last failures, show setups or print (-s), nor given a --basetemp (each pytest process empties it)."""
     named = config.args_source == pytest.Config.ArgsSource.ARGS
-    one = config.option.collectonly or config.option.usepdb or config.option.basetemp
-    return not (named or one or os.environ.get(LANE_REPORTS))
+    alone = ("collectonly", "usepdb", "trace", "setupplan", "setuponly", "setupshow", "basetemp", "stepwise",
+             "stepwise_skip", "lf", "failedfirst")
+    return not (named or any(config.getoption(name, None) for name in alone) or config.option.capture == "no")
 
 
-class LaneReports:
-    """The second lane's plugin: each report also goes, as one line, to the file the first lane reads."""
+def in_second_lane(item):
+    return item.path.parent == Path(HERE) and item.path.name in SECOND_LANE
 
-    def __init__(self, config, path):
+
+class LaneRecords:
+    """The second lane's plugin: each report, and the run's end, also go to the first lane, pickled."""
+
+    def __init__(self, config, fd):
         self.config = config
-        self.path = path
+        self.file = os.fdopen(fd, "wb")
 
     def pytest_runtest_logreport(self, report):
-        self.write(report)
+        self.write("report", self.config.hook.pytest_report_to_serializable(config=self.config, report=report))
 
     def pytest_collectreport(self, report):
-        # A test file that fails to import: the first lane shows the error, and the run fails.
         if report.failed:
-            self.write(report)
+            self.write("report", self.config.hook.pytest_report_to_serializable(config=self.config, report=report))
 
-    def write(self, report):
-        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(data) + "\n")
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+        w = warning_message
+        category = (w.category.__module__, w.category.__qualname__)
+        self.write("warning", dict(text=str(w.message), category=category, filename=w.filename, lineno=w.lineno,
+                                   when=when, nodeid=nodeid, location=location))
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.write("end", int(exitstatus))
+
+    def write(self, kind, data):
+        pickle.dump((kind, data), self.file)
+        self.file.flush()
+
+
+def watch_first_lane(first):
+    """In the second lane: once the first lane is gone (killed, so it could not stop this one), ends this lane and
+    every process its tests started."""
+    while os.getppid() == first:
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGKILL)
 
 
 def pytest_configure(config):
     config.stash[LANE] = None
-    if os.environ.get(LANE_REPORTS):
-        config.pluginmanager.register(LaneReports(config, os.environ[LANE_REPORTS]))
-    if two_lanes(config) or os.environ.get(LANE_REPORTS):
+    # Taken out of the environment, so that a pytest a test starts is no lane of this run.
+    fd = os.environ.pop(LANE_REPORTS, None)
+    if fd is not None:
+        config.pluginmanager.register(LaneRecords(config, int(fd)))
+        threading.Thread(target=watch_first_lane, args=(os.getppid(),), daemon=True).start()
+    if fd is not None or two_lanes(config):
         # One thread a process, the tests' own processes too: two lanes of two threads would outnumber two cores,
         # and torch's waiting threads spin.
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -286,57 +312,90 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Starts the second lane on its files, which this process then leaves to it: last, once -k, -m and the like
-    have chosen the tests, as they choose them there."""
-    files = sorted({item.path.name for item in items if item.path.name in SECOND_LANE})
-    if not (two_lanes(config) and files):
+    """Leaves the second lane's tests to it: last, once -k, -m and the like have chosen them, as they choose them
+    there."""
+    second = [item for item in items if in_second_lane(item)]
+    if not (two_lanes(config) and second):
         return
-    reports = tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".jsonl", delete=False)
-    output = tempfile.TemporaryFile("w+")
-    args = [sys.executable, "-m", "pytest", *config.invocation_params.args, *files]
-    proc = subprocess.Popen(args, cwd=config.invocation_params.dir, stdout=output, stderr=subprocess.STDOUT,
-                            env={**os.environ, LANE_REPORTS: reports.name})
-    second = [item for item in items if item.path.name in SECOND_LANE]
-    config.stash[LANE] = (files, len(second), proc, reports, output, len(items))
-    items[:] = [item for item in items if item.path.name not in SECOND_LANE]
+    paths = sorted({str(item.path) for item in second})
+    config.stash[LANE] = (paths, len(second))
+    items[:] = [item for item in items if not in_second_lane(item)]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtestloop(session):
-    """This lane's tests, then the second lane's reports, shown as if they ran here. A second lane that ended
-    without its reports (killed, or pytest's own error) fails the run, with the end of what it printed."""
-    lane = session.config.stash[LANE]
-    if lane is None:
+    """Starts the second lane, runs this one's tests, then replays the second's reports as if they ran here (those it
+    wrote before a Ctrl-C too). A second lane that ended otherwise than its reports say (killed, a test's os._exit,
+    pytest's own error) fails the run, with the end of what it printed."""
+    config = session.config
+    lane = config.stash[LANE]
+    # A file that failed to import stops the run before its tests: no second lane to start.
+    if lane is None or (session.testsfailed and not config.option.continue_on_collection_errors):
         return (yield)
-    files, tests, proc, reports, output, collected = lane
-    ended = 0
-    session.testscollected = collected  # the progress counts the tests of both lanes
+    paths, tests = lane
+    session.testscollected += tests  # the progress counts the tests of both lanes
+    records = tempfile.TemporaryFile()
+    output = tempfile.TemporaryFile()
+    args = [sys.executable, "-m", "pytest", *config.invocation_params.args, f"--rootdir={config.rootpath}", *paths]
+    # A session of its own: its tests' processes end with it.
+    proc = subprocess.Popen(args, cwd=config.invocation_params.dir, stdin=subprocess.DEVNULL, stdout=output,
+                            stderr=subprocess.STDOUT, pass_fds=(records.fileno(),), start_new_session=True,
+                            env={**os.environ, LANE_REPORTS: str(records.fileno())})
     try:
         result = yield
-        code = proc.wait()
-    finally:
-        proc.kill()  # a run stopped here (Ctrl-C, -x) stops the second lane too
         proc.wait()
-        os.unlink(reports.name)  # read on through the open file
-    hook = session.config.hook
-    with reports:
-        for line in reports:
-            report = hook.pytest_report_from_serializable(config=session.config, data=json.loads(line))
-            if isinstance(report, pytest.CollectReport):
-                hook.pytest_collectreport(report=report)
-                continue
-            if report.when == "setup":
-                hook.pytest_runtest_logstart(nodeid=report.nodeid, location=report.location)
-            hook.pytest_runtest_logreport(report=report)
-            if report.when == "teardown":
-                hook.pytest_runtest_logfinish(nodeid=report.nodeid, location=report.location)
-                ended += 1
-    # pytest's codes for tests that all passed, some failed, or none collected; all passed is each test's end
-    # reported (a test may end its process with status 0: os._exit(0)).
-    if code not in (0, 1, 5) or (code == 0 and ended < tests):
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a run stopped here (Ctrl-C, -x) stops the second lane too
+        proc.wait()
+        end, ended, failed = replay(session, records)
+        records.close()
+    if end not in (0, 1, 5) or (end == 0 and ended < tests) or (end == 1 and not failed) or (end == 5 and tests):
         output.seek(0)
-        said = (f"it ended with status {code}, {ended} of its {tests} tests reported; the end of what it printed:\n"
-                f"{output.read()[-3000:]}")
-        name = f"the second lane ({', '.join(files)})"
-        hook.pytest_collectreport(report=pytest.CollectReport(name, "failed", said, []))
+        said = (f"it ended with status {proc.returncode}, {ended} of its {tests} tests reported; the end of what it "
+                f"printed:\n{output.read()[-3000:].decode(errors='replace')}")
+        name = f"the second lane ({', '.join(os.path.basename(path) for path in paths)})"
+        config.hook.pytest_collectreport(report=pytest.CollectReport(name, "failed", said, []))
+    output.close()
     return result
+
+
+def replay(session, records):
+    """The second lane's records through this run's hooks; (the status it ended with, or None where it wrote none,
+    how many of its tests it reported to their end, whether any failed)."""
+    hook = session.config.hook
+    end, ended, failed = None, 0, False
+    records.seek(0)
+    while True:
+        try:
+            kind, data = pickle.load(records)
+        # The end of the records, or one cut short as its process was killed.
+        except (EOFError, pickle.UnpicklingError):
+            return end, ended, failed
+        if kind == "end":
+            end = data
+            continue
+        if kind == "warning":
+            hook.pytest_warning_recorded.call_historic(kwargs=dict(
+                warning_message=warning_of(data), when=data["when"], nodeid=data["nodeid"], location=data["location"]))
+            continue
+        report = hook.pytest_report_from_serializable(config=session.config, data=data)
+        failed = failed or report.failed
+        if isinstance(report, pytest.CollectReport):
+            hook.pytest_collectreport(report=report)
+            continue
+        if report.when == "setup":
+            hook.pytest_runtest_logstart(nodeid=report.nodeid, location=report.location)
+        hook.pytest_runtest_logreport(report=report)
+        if report.when == "teardown":
+            hook.pytest_runtest_logfinish(nodeid=report.nodeid, location=report.location)
+            ended += 1
+
+
+def warning_of(data):
+    """The warnings.WarningMessage the second lane recorded, its category found here (or UserWarning)."""
+    module, name = data["category"]
+    category = getattr(sys.modules.get(module), name, None)
+    if not (isinstance(category, type) and issubclass(category, Warning)):
+        category = UserWarning
+    return warnings.WarningMessage(category(data["text"]), category, data["filename"], data["lineno"])

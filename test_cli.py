@@ -123,7 +123,7 @@ def test_every_kind_of_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch, 
 
 
 def test_a_path_that_names_memory_is_not_said_to_be_out_of_memory(tmp_path, capsys):
-    message = one_line_error(capsys, train, "--data", str(tmp_path / "memory.txt"))
+    message = one_line_error(capsys, train, "--data", str(tmp_path / "memory.txt"), "--out_dir", str(tmp_path / "out"))
     assert message.startswith("error: cannot read the data file") and "out of memory" not in message, message
 
 

@@ -94,12 +94,11 @@ def test_the_two_lanes_report_every_test_and_a_failure_or_a_lost_lane_fails_the_
     second = conftest.SECOND_LANE[0]
     suites = {  # the second lane's file in each suite; the first lane's fails one test of two
         "killed": "def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0, 'in the second lane'\n\n\n"
+                  "@pytest.mark.skip(reason='a reason')\ndef test_skipped():\n    pass\n\n\n"
                   "def test_lost():\n    os.kill(os.getpid(), signal.SIGKILL)\n",
         "ended": "def test_passes():\n    pass\n\n\ndef test_ends():\n    os._exit(0)\n\n\n"
                  "def test_never_run():\n    pass\n",
     }
-    # This test may run in a second lane itself: the runs it starts are first lanes of their own.
-    env = {**{k: v for k, v in os.environ.items() if k != conftest.LANE_REPORTS}, "PYTHONPATH": HERE}
     runs = {}
     for name, tests in suites.items():
         folder = tmp_path / name
@@ -107,14 +106,16 @@ def test_the_two_lanes_report_every_test_and_a_failure_or_a_lost_lane_fails_the_
         shutil.copy(os.path.join(HERE, "conftest.py"), folder)
         os.symlink(os.path.join(HERE, "input.txt"), folder / "input.txt")  # which conftest reads
         (folder / "test_first.py").write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0\n")
-        (folder / second).write_text("import os\nimport signal\n\n\n" + tests)
-        runs[name] = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=folder,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        (folder / second).write_text("import os\nimport signal\n\nimport pytest\n\n\n" + tests)
+        runs[name] = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"],
+                                      cwd=folder, env={**os.environ, "PYTHONPATH": HERE}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
     said = {name: run.communicate(timeout=HANG)[0] for name, run in runs.items()}
     assert all(run.returncode == 1 for run in runs.values()), said
     out = said["killed"]
-    assert "2 failed, 2 passed, 1 error in" in out, out
+    assert "2 failed, 2 passed, 1 skipped, 1 error in" in out, out
     assert "FAILED test_first.py::test_fails" in out and f"FAILED {second}::test_fails - AssertionError: in the" in out
-    assert "it ended with status -9, 2 of its 3 tests reported" in out, out
+    assert f"SKIPPED [1] {second}:" in out and ": a reason" in out, out
+    assert f"ERROR the second lane ({second})" in out and "it ended with status -9, 3 of its 4 tests reported" in out
     out = said["ended"]
     assert "1 failed, 2 passed, 1 error in" in out and "it ended with status 0, 1 of its 3 tests reported" in out, out
