@@ -249,11 +249,13 @@ LANE = pytest.StashKey()
 
 def two_lanes(config):
     """Whether this run splits in two: the whole suite, no test named, run straight through: not to debug, step,
-    rerun the last failures, show setups or print (-s), nor given a --basetemp (each pytest process empties it)."""
+    rerun the last failures, show setups or print (-s), nor given a --basetemp (each pytest process empties it);
+    on a POSIX system, whose process groups and inherited files the lanes use."""
     named = config.args_source == pytest.Config.ArgsSource.ARGS
     alone = ("collectonly", "usepdb", "trace", "setupplan", "setuponly", "setupshow", "basetemp", "stepwise",
              "stepwise_skip", "lf", "failedfirst")
-    return not (named or any(config.getoption(name, None) for name in alone) or config.option.capture == "no")
+    one = named or any(config.getoption(name, None) for name in alone) or config.option.capture == "no"
+    return os.name == "posix" and not one
 
 
 def in_second_lane(item):
