@@ -241,7 +241,8 @@ def models_made(monkeypatch):
 # rest, and replays its reports here as its own: most tests are a Python process's work on one core, so the two
 # lanes take about half the time of one. The files are split by their measured time, about half each.
 SECOND_LANE = ("test_gpt_numpy.py", "test_bench.py", "test_project.py", "test_cli.py")
-# Set for the second lane: the file descriptor its records go to, pickled one after another.
+# Set for the second lane: the file descriptor its records go to, pickled one after another, and the first lane's
+# process id.
 LANE_REPORTS = "GPT_TESTS_LANE_REPORTS"
 # The first lane's hold on the second: (its files' paths, how many of its tests run), or None.
 LANE = pytest.StashKey()
@@ -249,12 +250,14 @@ LANE = pytest.StashKey()
 
 def two_lanes(config):
     """Whether this run splits in two: the whole suite, no test named, run straight through: not to debug, step,
-    rerun the last failures, show setups or print (-s), nor given a --basetemp (each pytest process empties it);
-    on a POSIX system, whose process groups and inherited files the lanes use."""
+    stop at a failure (-x), rerun the last failures, show setups, print or log as it goes (-s, tee-sys, live logs),
+    nor given a --basetemp (each pytest process empties it); on a POSIX system, whose process groups and inherited
+    files the lanes use."""
     named = config.args_source == pytest.Config.ArgsSource.ARGS
-    alone = ("collectonly", "usepdb", "trace", "setupplan", "setuponly", "setupshow", "basetemp", "stepwise",
-             "stepwise_skip", "lf", "failedfirst")
-    one = named or any(config.getoption(name, None) for name in alone) or config.option.capture == "no"
+    alone = ("collectonly", "usepdb", "trace", "setupplan", "setuponly", "setupshow", "basetemp", "maxfail",
+             "stepwise", "stepwise_skip", "lf", "failedfirst", "debug", "log_cli_level")
+    shown = config.option.capture in ("no", "tee-sys") or config.getini("log_cli")
+    one = named or shown or any(config.getoption(name, None) for name in alone)
     return os.name == "posix" and not one
 
 
@@ -277,6 +280,9 @@ class LaneRecords:
             self.write("report", self.config.hook.pytest_report_to_serializable(config=self.config, report=report))
 
     def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+        # Those of collecting and configuring, the first lane met as well.
+        if when != "runtest":
+            return
         w = warning_message
         category = (w.category.__module__, w.category.__qualname__)
         self.write("warning", dict(text=str(w.message), category=category, filename=w.filename, lineno=w.lineno,
@@ -301,11 +307,13 @@ def watch_first_lane(first):
 def pytest_configure(config):
     config.stash[LANE] = None
     # Taken out of the environment, so that a pytest a test starts is no lane of this run.
-    fd = os.environ.pop(LANE_REPORTS, None)
-    if fd is not None:
-        config.pluginmanager.register(LaneRecords(config, int(fd)))
-        threading.Thread(target=watch_first_lane, args=(os.getppid(),), daemon=True).start()
-    if fd is not None or two_lanes(config):
+    second = os.environ.pop(LANE_REPORTS, None)
+    if second is not None:
+        fd, first = map(int, second.split())
+        os.set_inheritable(fd, False)  # the tests' own processes hold no records
+        config.pluginmanager.register(LaneRecords(config, fd))
+        threading.Thread(target=watch_first_lane, args=(first,), daemon=True).start()
+    if second is not None or two_lanes(config):
         # One thread a process, the tests' own processes too: two lanes of two threads would outnumber two cores,
         # and torch's waiting threads spin.
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -338,11 +346,13 @@ def pytest_runtestloop(session):
     session.testscollected += tests  # the progress counts the tests of both lanes
     records = tempfile.TemporaryFile()
     output = tempfile.TemporaryFile()
-    args = [sys.executable, "-m", "pytest", *config.invocation_params.args, f"--rootdir={config.rootpath}", *paths]
+    # Python's own options (-W, -X dev, -O) as this process has them: the helper multiprocessing uses.
+    python = [sys.executable, *subprocess._args_from_interpreter_flags()]
+    args = [*python, "-m", "pytest", *config.invocation_params.args, f"--rootdir={config.rootpath}", *paths]
     # A session of its own: its tests' processes end with it.
     proc = subprocess.Popen(args, cwd=config.invocation_params.dir, stdin=subprocess.DEVNULL, stdout=output,
                             stderr=subprocess.STDOUT, pass_fds=(records.fileno(),), start_new_session=True,
-                            env={**os.environ, LANE_REPORTS: str(records.fileno())})
+                            env={**os.environ, LANE_REPORTS: f"{records.fileno()} {os.getpid()}"})
     try:
         result = yield
         proc.wait()
