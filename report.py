@@ -5,7 +5,7 @@ of every layer and head for one line of the held-out text, the closing sample, t
 run's figures. While a run trains, its progress line (Progress) reports it on the terminal.
 
 train.py writes it when a run ends (a run a signal stops leaves it to python sample.py --report,
-which rebuilds it from any checkpoint and its text). The pictures are inline SVG written here, the
+which rebuilds it from any evaluated checkpoint and its text). The pictures are inline SVG written here, the
 attention maps in them small PNG images: the page fetches nothing and runs no script.
 """
 import base64
@@ -82,7 +82,7 @@ def attention(model, idx):
 
 def default_prompt(tokenizer, val=None):
     """The ids a sample starts from when no prompt is given: a newline, where lines begin, if the
-    tokenizer has one; else the first held-out token, or a character model's first character."""
+    tokenizer has one; else the first held-out token, or (none given) the vocabulary's first."""
     if tokenizer is not None and "\n" in getattr(tokenizer, "stoi", {"\n": None}):
         try:
             return tokenizer.encode("\n")

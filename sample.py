@@ -40,7 +40,7 @@ def parse_args(argv=None):
                              "huggingface_hub)")
     parser.add_argument("--start", default=None,
                         help="prompt text, or FILE:path to read it from a file (default: a newline, "
-                             "else the text's first character)")
+                             "else the vocabulary's first token)")
     parser.add_argument("--num_samples", type=cli.AT_LEAST_1,
                         help=f"samples to draw (default: {SAMPLING['num_samples']})")
     parser.add_argument("--max_new_tokens", type=cli.AT_LEAST_1,

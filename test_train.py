@@ -652,9 +652,30 @@ def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(
         train.main([*flags, "--log_interval", "1"])
     out, err = capsys.readouterr()
     assert exit_info.value.code == 143 and err == "", err
-    assert re.search(r"SIGTERM: saved iteration \d+ to .*; continue with --resume; no report: python sample.py "
-                     r"--report --data DATA writes it", out), out
+    # Stopped before its first evaluation: sample.py --report has no evaluation to draw, so it is not offered.
+    assert re.search(r"SIGTERM: saved iteration \d+ to .*; continue with --resume; no report\n", out), out
     assert "val loss" not in out and not (tmp_path / "out" / "report.html").exists()
+    message = one_line_error(capsys, sample, "--report", "--data", str(tmp_path / "data.txt"), "--out_dir",
+                             str(tmp_path / "out"))
+    assert "holds no evaluation yet" in message, message
+
+
+def test_a_run_stopped_after_an_evaluation_offers_the_report_that_sample_py_then_writes(tmp_path, monkeypatch, capsys):
+    flags = tiny_flags(tmp_path)  # max_iters 8, eval_interval 4
+    put_back = signal_at(monkeypatch, 8)  # in step 6, after iteration 4's evaluation
+    with pytest.raises(SystemExit):
+        train.main(flags)
+    out = capsys.readouterr().out
+    assert re.search(r"SIGTERM: saved iteration 6 to .*; continue with --resume; no report: python sample.py "
+                     r"--report --data DATA writes it\n", out), out
+    sample.main(["--report", "--data", str(tmp_path / "data.txt"), "--out_dir", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "report.html").exists()
+    # With no --out_dir there is no checkpoint to write it from: not offered either.
+    put_back()
+    signal_at(monkeypatch, 8)
+    with pytest.raises(SystemExit):
+        train.main([*flags, "--out_dir", ""])
+    assert re.search(r"SIGTERM: trained; no --out_dir; no report\n", capsys.readouterr().out)
 
 
 def test_a_second_signal_exits_at_once_with_its_own_status_and_leaves_the_checkpoint(tmp_path, monkeypatch, capsys):

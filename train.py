@@ -328,11 +328,11 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
             f"--max_time to go on")
         return None
     saved = f"saved iteration {trainer.it} to {path}" if tc.out_dir else "trained; no --out_dir"
-    # A stop is bounded: the report, which evaluates and samples, is left for later.
+    # A stop is bounded: sample.py --report writes the report later, from an evaluated checkpoint.
     if stop:
         go_on = "; continue with --resume" if tc.out_dir else ""
-        log(f"{signal.Signals(stop).name}: {saved}{go_on}; no report: python sample.py --report "
-            f"--data DATA writes it")
+        later = ": python sample.py --report --data DATA writes it" if trainer.history and tc.out_dir else ""
+        log(f"{signal.Signals(stop).name}: {saved}{go_on}; no report{later}")
         return stop
     log(f"{saved} ({trainer.elapsed:.0f} s of training)")
     # The report shows the evaluations: a run stopped before its first has none to show.
