@@ -697,6 +697,43 @@ def test_a_second_signal_exits_at_once_with_its_own_status_and_leaves_the_checkp
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 4  # the evaluation's save
 
 
+@pytest.mark.parametrize("where", ["in the stop's save", "in the save of an evaluation cut short"])
+def test_a_second_signal_inside_torch_save_is_a_second_signal_not_a_traceback(tmp_path, monkeypatch, capsys, where):
+    # Raised in the file's write, called from torch.save's C++ code, the second signal's Stopped comes out of it
+    # as a RuntimeError; torch.save writes the checkpoint's .tmp, so the last checkpoint is as it was.
+    real_save = torch.save
+
+    class SignalOnWrite:
+        def __init__(self, f):
+            self.f = f
+            self.writes = 0
+
+        def write(self, b):
+            self.writes += 1
+            if self.writes == 3:  # past the header's writes, as a signal mid-save comes
+                signal.raise_signal(signal.SIGINT)
+            return self.f.write(b)
+
+    def save(obj, f, *args, **kwargs):
+        later = obj["iter"] > 0
+        return real_save(obj, SignalOnWrite(f) if later else f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    if where == "in the stop's save":
+        flags = tiny_flags(tmp_path, max_iters=10 ** 6, eval_interval=10 ** 5)
+        signal_after_line(monkeypatch, signal.SIGINT)
+        flags.append("--log_interval=1")
+    else:
+        flags = tiny_flags(tmp_path)  # max_iters 8, eval_interval 4: the first signal in iteration 4's evaluation
+        signal_at(monkeypatch, 5)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(flags)
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 130 and err == "", err
+    assert out.endswith("SIGINT, a second signal: stopped at once; the last checkpoint is as it was\n"), out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
+
+
 def test_a_seed_given_on_resume_is_named_as_ignored_and_the_checkpoint_records_the_seed_that_ran(tmp_path):
     tc = tiny_train_config(tmp_path, max_iters=4, seed=7)
     train.run(tc, TEXT, quiet)

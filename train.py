@@ -277,10 +277,10 @@ def drive(trainer, log, log_interval, compile, rank, world):
                 if stop:
                     trainer.save()
                     break
-        except Stopped as e:
-            return cut_short(trainer, e, len(caught) > 1, log)
-        except (OSError, RuntimeError) as e:
-            raise failure(e, trainer, rank, world) from None
+        except (Stopped, OSError, RuntimeError) as e:
+            if not isinstance(e, Stopped) and len(caught) < 2:
+                raise failure(e, trainer, rank, world) from None
+            return cut_short(trainer, caught, log)
         # A signal during the last evaluation and save, after the last step: the save is done.
         stop = stop or max(caught, default=0)
         closing = True
@@ -289,20 +289,22 @@ def drive(trainer, log, log_interval, compile, rank, world):
         return stop or None
 
 
-def cut_short(trainer, stopped, twice, log):
-    """A second signal leaves the last checkpoint as it was; one during an evaluation saves the run
-    as it stood before it (an evaluation reads fixed windows, drawing no batch). Returns the
-    signal."""
-    if twice:
-        log(f"{stopped}, a second signal: stopped at once; the last checkpoint is as it was")
-        return stopped.signum
+def cut_short(trainer, caught, log):
+    """A second signal leaves the last checkpoint as it was (one inside torch.save comes out of its
+    C++ code as a RuntimeError); one during an evaluation saves the run as it stood before it (an
+    evaluation reads fixed windows, drawing no batch). Returns the signal."""
+    if len(caught) > 1:
+        log(f"{signal.Signals(caught[-1]).name}, a second signal: stopped at once; the last checkpoint is as it was")
+        return caught[-1]
     try:
         trainer.save()
-    except (OSError, RuntimeError) as e:
+    except (Stopped, OSError, RuntimeError) as e:
+        if len(caught) > 1:
+            return cut_short(trainer, caught, log)
         raise failure(e, trainer) from None
-    log(f"{stopped}: the evaluation was cut short; saved iteration {trainer.it} to "
+    log(f"{signal.Signals(caught[-1]).name}: the evaluation was cut short; saved iteration {trainer.it} to "
         f"{checkpoint.path_in(trainer.tc.out_dir)}; continue with --resume, which runs it first")
-    return stopped.signum
+    return caught[-1]
 
 
 def failure(error, trainer, rank=0, world=1):
@@ -324,8 +326,7 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
     tc = trainer.tc
     path = checkpoint.path_in(tc.out_dir)
     if ended:
-        log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or "
-            f"--max_time to go on")
+        log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or --max_time to go on")
         return None
     saved = f"saved iteration {trainer.it} to {path}" if tc.out_dir else "trained; no --out_dir"
     # A stop is bounded: sample.py --report writes the report later, from an evaluated checkpoint.
