@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import warnings
+import zipfile
 
 import torch
 
@@ -47,10 +48,20 @@ def load(path, device):
         # Read here, to the CPU (torch.load maps no cpu:0; the random states stay CPU tensors), so
         # that a checkpoint of the layout before each map had a weight of its own is brought to
         # today's before gpt.load_checkpoint builds its model on device.
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        # torch.load reads no checksum: a bit flipped on the disk would load, train and be saved again.
+        damaged = damaged_record(path)
+        if damaged:
+            raise ValueError(f"its record {damaged} fails its checksum: the file is damaged")
+        # torch warns of a pickle it did not write in lines of their own, before it reads or refuses it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
         # A tensor or a list, indexed by name below, would warn in lines before it failed.
         if not isinstance(ckpt, dict):
             raise TypeError(f"it holds a {type(ckpt).__name__}, not a dict")
+        # Values nested past any a run writes would overflow the stack of the messages that show them.
+        if nesting(ckpt) > MAX_NESTING:
+            raise ValueError(f"its values are nested more than {MAX_NESTING} deep")
         # gpt.CharTokenizer sorts the characters it is given: any others would map ids to others.
         chars = ckpt.get("chars")
         if chars and not (isinstance(chars, str) and list(chars) == sorted(set(chars))):
@@ -96,11 +107,42 @@ def load(path, device):
         raise ValueError(f"{path} holds weights that are NaN or inf, from a run that diverged: train "
                          f"anew, with a lower --learning_rate")
     name = ckpt.get("tokenizer")
+    if not isinstance(name, (str, type(None))):
+        raise ValueError(f"{path} records its tokenizer as a {type(name).__name__}, not a name: it is damaged or "
+                         f"hand-made; train a new one with python train.py")
     if tokenizer is None and name == gpt2.Tokenizer.name:
         tokenizer = gpt2.Tokenizer()
     elif tokenizer is None and name is not None:
         tokenizer = Named(name, model.config.vocab_size)
     return model, tokenizer, ckpt
+
+
+def damaged_record(path):
+    """The name of the first record of the zip file at path whose checksum fails, or None; None too
+    for a file of another format, which torch.load then reads or refuses."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        return archive.testzip()
+
+
+# Deeper than the dicts and lists of any checkpoint a run writes (its optimizers' states: 7).
+MAX_NESTING = 32
+
+
+def nesting(value):
+    """How deep value's dicts, lists and tuples go, walked without recursion: a hand-made file may
+    nest them thousands deep."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for item in [*value.keys(), *value.values()])
+        elif isinstance(value, (list, tuple)):
+            stack.extend((item, depth + 1) for item in value)
+    return deepest
 
 
 # The floats a weight may be stored in: float8's have no arithmetic to check them with.
@@ -129,7 +171,7 @@ class Named:
     def __init__(self, name, vocab_size):
         self.name = name
         self.vocab_size = vocab_size
-        self.absent = (f"the tokenizer {name!r} is the user's own, not here: give its token ids "
+        self.absent = (f"the tokenizer {cli.shown(name)} is the user's own, not here: give its token ids "
                        f"(--data FILE.bin), or use it from Python")
 
     def encode(self, text):
@@ -148,7 +190,8 @@ def needs_tokenizer(tokenizer, path, advice):
     """Refuses a checkpoint whose tokenizer is not usable here, in one line that ends with advice
     (which begins with its own punctuation)."""
     if not usable(tokenizer):
-        which = "no tokenizer" if tokenizer is None else f"a tokenizer it only names ({tokenizer.name})"
+        named = None if tokenizer is None else cli.shown(tokenizer.name, tokenizer.name)
+        which = "no tokenizer" if tokenizer is None else f"a tokenizer it only names ({named})"
         raise ValueError(f"{path} was trained on token ids of {which}{advice}")
 
 

@@ -1,9 +1,12 @@
 """Tests of loading, checking and restoring a saved run."""
 import os
+import pickle
 import re
 import shutil
+import sys
 import threading
 import warnings
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -440,3 +443,66 @@ def test_a_checkpoint_whose_config_lacks_a_field_is_refused_not_given_todays_def
     for module, flags in ((sample, ["--max_new_tokens", "5"]), (train, ["--resume", "--max_iters", "4"])):
         message = one_line_error(capsys, module, "--out_dir", str(tmp_path / "out"), *flags)
         assert f"is not a checkpoint this gpt.py can load (ValueError: its config lacks {field})" in message, message
+
+
+@pytest.mark.parametrize("keys", [["train_config", "seed"], ["data"], ["iter"], ["tokenizer"]])
+def test_values_nested_past_any_a_run_writes_are_one_line_not_a_recursion_error(tmp_path, capsys, trained_dir, keys):
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)  # for torch.save's pickler alone: the commands run at Python's own limit
+    try:
+        hand_made(trained_dir, tmp_path / "out", set_in(keys, deep))
+    finally:
+        sys.setrecursionlimit(limit)
+    out = str(tmp_path / "out")
+    says = "is not a checkpoint this gpt.py can load (ValueError: its values are nested more than 32 deep)"
+    for module, args in [(train, [*tiny_flags(tmp_path, max_iters=4), "--resume"]), (sample, ["--out_dir", out]),
+                         (sample, ["--report", "--out_dir", out, "--data", str(tmp_path / "data.txt")])]:
+        message = one_line_error(capsys, module, *args)
+        assert says in message, message
+
+
+def test_a_byte_changed_on_the_disk_is_refused_by_its_records_checksum(tmp_path, capsys, trained_dir):
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "out" / "ckpt.pt"
+    shutil.copy(os.path.join(trained_dir, "ckpt.pt"), path)
+    with zipfile.ZipFile(path) as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
+    raw = bytearray(path.read_bytes())
+    # A record's bytes follow its local header: 30 bytes, its name, and an extra field whose length is at 28.
+    start = record.header_offset + 30 + len(record.filename.encode()) + int.from_bytes(
+        raw[record.header_offset + 28:record.header_offset + 30], "little")
+    raw[start + record.file_size // 2] ^= 0x10  # one bit of a weight: it would still load and train
+    path.write_bytes(raw)
+    says = f"{path} is not a checkpoint this gpt.py can load (ValueError: its record {record.filename} fails its "
+    for module, args in [(train, [*tiny_flags(tmp_path, max_iters=4), "--resume"]),
+                         (sample, ["--out_dir", str(tmp_path / "out")])]:
+        message = one_line_error(capsys, module, *args)
+        assert says in message, message
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_a_pickle_torch_did_not_write_is_one_line_without_torchs_warnings(tmp_path, capsys, protocol):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_bytes(pickle.dumps({"model": {}}, protocol=protocol))
+    with warnings.catch_warnings(record=True) as caught:  # torch warned of the pickle's protocol, in 2 lines
+        warnings.simplefilter("always")
+        message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
+    assert not caught and "is not a checkpoint this gpt.py can load" in message, message
+
+
+@pytest.mark.parametrize("name", [5, ["bytes"], "b" * 1_000_000], ids=["an int", "a list", "a long name"])
+def test_a_recorded_tokenizer_is_a_name_and_is_shown_short(tmp_path, capsys, trained_dir, name):
+    def own_tokenizer(ckpt):
+        del ckpt["chars"]
+        ckpt["tokenizer"] = name
+
+    hand_made(trained_dir, tmp_path / "out", own_tokenizer)
+    message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
+    assert len(message) < 300, len(message)
+    if isinstance(name, str):
+        assert f"trained on token ids of a tokenizer it only names ({name[:30]}... (1000000 characters))" in message
+    else:
+        assert (f"records its tokenizer as a {type(name).__name__}, not a name: it is damaged or hand-made" in message)
