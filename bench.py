@@ -1767,8 +1767,22 @@ def measure_mode(args, device):
     mode = next((mode for mode in MODES if asked(args, mode)), None)
     MODES.get(mode, speed_mode)(args, device, figures)
     if args.json:
-        with open(args.json, "w") as f:
+        write_json(args.json, figures)
+
+
+def write_json(path, figures):
+    """figures to the file at path, whole or not at all: written beside it, then renamed over it, so that a full
+    disk leaves the figures of the run before as they were (where a link points, the file it points to)."""
+    target = os.path.realpath(path)
+    try:
+        with open(target + ".tmp", "w") as f:
             json.dump(figures, f, indent=1)
+        os.replace(target + ".tmp", target)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(target + ".tmp")
+        kept = "any figures there are as they were"
+        raise OSError(e.errno, f"cannot write --json {path} ({e.strerror}); {kept}") from None
 
 
 def main(argv=None):

@@ -1,4 +1,5 @@
 """Tests of bench.py."""
+import errno
 import importlib.abc
 import json
 import math
@@ -77,6 +78,32 @@ def test_an_empty_json_file_is_written_and_empty_paths_are_refused_by_name(tmp_p
 def test_a_run_that_fails_leaves_no_json_of_its_own_making(tmp_path, capsys):
     message = one_line_error(capsys, bench, "--nanogpt", str(tmp_path / "missing"), "--json", str(tmp_path / "b.json"))
     assert "missing" in message and not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_figures_that_cannot_be_written_whole_leave_those_of_the_run_before(tmp_path, capsys, monkeypatch, link):
+    before = '{"date": "2026-12-04", "torch": "2.13.0", "figures": "of the run before"}'
+    (tmp_path / "bench.json").write_text(before)
+    path = tmp_path / "bench.json"
+    if link:  # the figures go to the file a link points to, and the link stays one
+        os.symlink(path, tmp_path / "link.json")
+        path = tmp_path / "link.json"
+    monkeypatch.setattr(bench, "speed_mode", lambda args, device, figures: figures.update(speed="measured"))
+
+    def full_disk(figures, f, **kwargs):
+        f.write('{"date": "2026-12-05", "tor')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(json, "dump", full_disk)
+    message = one_line_error(capsys, bench, "--json", str(path))
+    assert message == (f"error: cannot write --json {path} (No space left on device); any figures there are as "
+                       f"they were"), message
+    assert (tmp_path / "bench.json").read_text() == before and sorted(os.listdir(tmp_path)) == sorted(
+        ["bench.json"] + (["link.json"] if link else []))
+    monkeypatch.undo()
+    monkeypatch.setattr(bench, "speed_mode", lambda args, device, figures: figures.update(speed="measured"))
+    bench.main(["--json", str(path)])
+    assert json.loads((tmp_path / "bench.json").read_text())["speed"] == "measured" and path.is_symlink() == link
 
 
 def test_bench_with_another_projects_model_py_is_one_line(tmp_path, capsys):
