@@ -27,31 +27,36 @@ is the median of its rounds. Machines differ 2-3x in speed: set a figure only be
 """
 import argparse
 import collections
-import contextlib
-import dataclasses
-import functools
-import importlib.util
-import inspect
-import io
-import json
-import math
-import os
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-import unittest.mock
 
-import torch
+try:
+    import contextlib
+    import dataclasses
+    import functools
+    import importlib.util
+    import inspect
+    import io
+    import json
+    import math
+    import os
+    import signal
+    import statistics
+    import subprocess
+    import tempfile
+    import time
+    import unittest.mock
 
-import cli
-import data
-import gpt
-import gpt2
-import gpt_numpy
-import train
+    import torch
+
+    import cli
+    import data
+    import gpt
+    import gpt2
+    import gpt_numpy
+    import train
+# Ctrl-C while torch is still importing: nothing has been measured, so nothing is lost.
+except KeyboardInterrupt:
+    sys.exit(130)
 
 GPT2_BLOCK = dict(norm="layernorm", pos="learned", mlp="gelu", tie_weights=True, bigram=0)
 # nanoGPT's CPU recipe (its README: shakespeare_char at 4 layers, 128 wide, context 64, batch 12, no dropout; bias off),
@@ -748,7 +753,8 @@ def qk_norm_gains(config):
 def gained_heads(attn, x, rope=None):
     """gpt.CausalSelfAttention.heads with the queries and keys normed by attn's q_norm and k_norm, then turned."""
     q, k, v = gpt.CausalSelfAttention.heads(attn, x)
-    q, k = attn.q_norm(q), attn.k_norm(k)
+    # In float32, as the attention reads them: under bfloat16 autocast the maps give bfloat16, the gains are float32.
+    q, k = attn.q_norm(q.float()), attn.k_norm(k.float())
     if rope is None:
         return q, k, v
     return gpt.rope_forward(q, *rope), gpt.rope_forward(k, *rope), v

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import types
 import unittest.mock
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import bench
 import data
 import gpt
 import train
-from conftest import HERE, HANG, SWITCHES, TEXT, TINY, interrupted, one_line_error, tiny_model
+from conftest import HERE, HANG, SWITCHES, TEXT, TINY, interrupted, one_line_error, run_cli, tiny_model
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -335,6 +336,12 @@ def test_bench_optimizers_holds_its_data_to_train_pys_checks(tmp_path, capsys, f
     assert said.err == "" and "val loss" not in said.out
 
 
+def test_ctrl_c_while_torch_is_still_importing_ends_bench_quietly(tmp_path):
+    (tmp_path / "numpy.py").write_text("raise KeyboardInterrupt\n")  # the import a Ctrl-C lands in
+    done = run_cli("bench.py", env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 130 and done.stderr == "", done.stderr
+
+
 def test_bench_into_a_reader_gone_away_ends_quietly(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text(TEXT, encoding="utf-8")
@@ -602,6 +609,11 @@ def test_qk_norm_with_gains_norms_queries_and_keys_before_the_turn_and_its_gains
     in_adamw = {id(p) for group in adamw.param_groups for p in group["params"]}
     assert id(attn.q_norm.weight) in in_adamw and id(attn.k_norm.weight) in in_adamw
     assert all(p.dim() == 2 for group in muon.param_groups for p in group["params"])
+    # Under bfloat16 autocast, as a CPU with AVX512-BF16 trains it: normed in float32, torch warns of no dtype mismatch.
+    with warnings.catch_warnings(record=True) as caught, torch.autocast("cpu", dtype=torch.bfloat16):
+        warnings.simplefilter("always")
+        q, k, v = attn.heads(x, rope)
+    assert not caught and q.dtype == k.dtype == torch.float32, [str(w.message) for w in caught]
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(bias=True, pos="learned")])
