@@ -59,9 +59,10 @@ def load(path, device):
         # A tensor or a list, indexed by name below, would warn in lines before it failed.
         if not isinstance(ckpt, dict):
             raise TypeError(f"it holds a {type(ckpt).__name__}, not a dict")
-        # Values nested past any a run writes would overflow the stack of the messages that show them.
-        if nesting(ckpt) > MAX_NESTING:
-            raise ValueError(f"its values are nested more than {MAX_NESTING} deep")
+        # Values a run never writes would overflow the stack, or take hours, in a message that shows them.
+        unshowable = unwieldy(ckpt)
+        if unshowable:
+            raise ValueError(unshowable)
         # gpt.CharTokenizer sorts the characters it is given: any others would map ids to others.
         chars = ckpt.get("chars")
         if chars and not (isinstance(chars, str) and list(chars) == sorted(set(chars))):
@@ -119,30 +120,45 @@ def load(path, device):
 
 def damaged_record(path):
     """The name of the first record of the zip file at path whose checksum fails, or None; None too
-    for a file of another format, which torch.load then reads or refuses."""
-    if not zipfile.is_zipfile(path):
+    for a file that is no whole zip file (torch's older format, or one cut short), which torch.load
+    then reads or refuses."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            # torch.serialization.set_crc32_options(False) writes every checksum as 0: none to check.
+            if not any(info.CRC for info in archive.infolist()):
+                return None
+            return archive.testzip()
+    except zipfile.BadZipFile:
         return None
-    with zipfile.ZipFile(path) as archive:
-        return archive.testzip()
 
 
-# Deeper than the dicts and lists of any checkpoint a run writes (its optimizers' states: 7).
+# Deeper, and more, than the dicts, lists and tuples of any checkpoint a run writes: its optimizers'
+# states nest 7 deep, and each evaluation it records is one dict.
 MAX_NESTING = 32
+MAX_CONTAINERS = 10 ** 6
+CONTAINERS = (dict, list, tuple)
 
 
-def nesting(value):
-    """How deep value's dicts, lists and tuples go, walked without recursion: a hand-made file may
-    nest them thousands deep."""
-    deepest = 0
+def unwieldy(value):
+    """What makes value's dicts, lists and tuples more than a message can show, or None: nested
+    past MAX_NESTING, or past MAX_CONTAINERS counted as written out. Walked without recursion: a
+    hand-made file may nest them thousands deep, hold one in itself, or share one many times over
+    (a list of the same list twice, 30 times nested, writes out a billion)."""
     stack = [(value, 1)]
+    containers = 0
     while stack:
         value, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(value, dict):
-            stack.extend((item, depth + 1) for item in [*value.keys(), *value.values()])
-        elif isinstance(value, (list, tuple)):
-            stack.extend((item, depth + 1) for item in value)
-    return deepest
+        containers += 1
+        if depth > MAX_NESTING:
+            return f"its values nest more than {MAX_NESTING} deep"
+        if containers > MAX_CONTAINERS:
+            return f"its values hold more than {MAX_CONTAINERS:,} dicts, lists and tuples, written out"
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        stack.extend((item, depth + 1) for item in items if isinstance(item, CONTAINERS))
+    return None
 
 
 # The floats a weight may be stored in: float8's have no arithmetic to check them with.

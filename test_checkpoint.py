@@ -445,19 +445,44 @@ def test_a_checkpoint_whose_config_lacks_a_field_is_refused_not_given_todays_def
         assert f"is not a checkpoint this gpt.py can load (ValueError: its config lacks {field})" in message, message
 
 
-@pytest.mark.parametrize("keys", [["train_config", "seed"], ["data"], ["iter"], ["tokenizer"]])
-def test_values_nested_past_any_a_run_writes_are_one_line_not_a_recursion_error(tmp_path, capsys, trained_dir, keys):
+def nested(levels):
     deep = []
-    for _ in range(5000):
+    for _ in range(levels):
         deep = [deep]
+    return deep
+
+
+def shared(levels):
+    wide = []
+    for _ in range(levels):
+        wide = [wide, wide]  # pickled once a level: 2 ** levels lists written out
+    return wide
+
+
+def itself():
+    loop = []
+    loop.append(loop)
+    return loop
+
+
+@pytest.mark.parametrize("keys, value, says", [
+    (["train_config", "seed"], nested(5000), "nest more than 32 deep"),
+    (["data"], nested(5000), "nest more than 32 deep"),
+    (["iter"], nested(5000), "nest more than 32 deep"),
+    (["tokenizer"], nested(5000), "nest more than 32 deep"),
+    (["data"], itself(), "nest more than 32 deep"),
+    (["train_config", "seed"], shared(25), "hold more than 1,000,000 dicts, lists and tuples, written out"),
+], ids=["seed", "data", "iter", "tokenizer", "a list in itself", "one list shared, 25 deep"])
+def test_values_a_message_cannot_show_are_one_line_not_a_recursion_error_or_a_hang(tmp_path, capsys, trained_dir, keys,
+                                                                                 value, says):
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(50_000)  # for torch.save's pickler alone: the commands run at Python's own limit
     try:
-        hand_made(trained_dir, tmp_path / "out", set_in(keys, deep))
+        hand_made(trained_dir, tmp_path / "out", set_in(keys, value))
     finally:
         sys.setrecursionlimit(limit)
     out = str(tmp_path / "out")
-    says = "is not a checkpoint this gpt.py can load (ValueError: its values are nested more than 32 deep)"
+    says = f"is not a checkpoint this gpt.py can load (ValueError: its values {says})"
     for module, args in [(train, [*tiny_flags(tmp_path, max_iters=4), "--resume"]), (sample, ["--out_dir", out]),
                          (sample, ["--report", "--out_dir", out, "--data", str(tmp_path / "data.txt")])]:
         message = one_line_error(capsys, module, *args)
@@ -506,3 +531,23 @@ def test_a_recorded_tokenizer_is_a_name_and_is_shown_short(tmp_path, capsys, tra
         assert f"trained on token ids of a tokenizer it only names ({name[:30]}... (1000000 characters))" in message
     else:
         assert (f"records its tokenizer as a {type(name).__name__}, not a name: it is damaged or hand-made" in message)
+
+
+@pytest.mark.parametrize("how", ["without checksums", "in torch's older format"])
+def test_a_checkpoint_torch_loads_with_no_checksum_to_read_is_not_called_damaged(tmp_path, capsys, trained_dir, how):
+    ckpt = torch.load(os.path.join(trained_dir, "ckpt.pt"), weights_only=True)
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "out" / "ckpt.pt"
+    if how == "without checksums":
+        writes_them = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(False)  # every record's checksum written as 0
+        try:
+            torch.save(ckpt, path)
+        finally:
+            torch.serialization.set_crc32_options(writes_them)
+    else:
+        torch.save(ckpt, path, _use_new_zipfile_serialization=False)
+    assert checkpoint.damaged_record(str(path)) is None
+    capsys.readouterr()
+    sample.main(["--out_dir", str(tmp_path / "out"), "--start", "RO", "--max_new_tokens", "3", "--num_samples", "1"])
+    assert capsys.readouterr().out.startswith("RO")
