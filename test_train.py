@@ -699,8 +699,9 @@ def test_a_second_signal_exits_at_once_with_its_own_status_and_leaves_the_checkp
 
 @pytest.mark.parametrize("where", ["in the stop's save", "in the save of an evaluation cut short"])
 def test_a_second_signal_inside_torch_save_is_a_second_signal_not_a_traceback(tmp_path, monkeypatch, capsys, where):
-    # Raised in the file's write, called from torch.save's C++ code, the second signal's Stopped comes out of it
-    # as a RuntimeError; torch.save writes the checkpoint's .tmp, so the last checkpoint is as it was.
+    # Raised in the file's write, called from torch.save's C++ code, the second signal's Stopped can come out of it
+    # as the RuntimeError of its writer, cut short; torch.save writes the checkpoint's .tmp, so the last checkpoint
+    # is as it was.
     real_save = torch.save
 
     class SignalOnWrite:
@@ -732,6 +733,21 @@ def test_a_second_signal_inside_torch_save_is_a_second_signal_not_a_traceback(tm
     assert exit_info.value.code == 130 and err == "", err
     assert out.endswith("SIGINT, a second signal: stopped at once; the last checkpoint is as it was\n"), out
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 0
+
+
+def test_a_signal_while_the_end_is_said_exits_with_its_status_not_a_traceback(tmp_path, monkeypatch, capsys):
+    real_printer = report.printer
+
+    def printer(*args):
+        real_printer(*args)
+        if str(args[0]).startswith("saved iteration"):  # the run is saved; its last lines are being said
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(report, "printer", printer)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(tiny_flags(tmp_path))
+    assert exit_info.value.code == 143 and capsys.readouterr().err == ""
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 8
 
 
 def test_a_seed_given_on_resume_is_named_as_ignored_and_the_checkpoint_records_the_seed_that_ran(tmp_path):

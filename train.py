@@ -290,9 +290,9 @@ def drive(trainer, log, log_interval, compile, rank, world):
 
 
 def cut_short(trainer, caught, log):
-    """A second signal leaves the last checkpoint as it was (one inside torch.save comes out of its
-    C++ code as a RuntimeError); one during an evaluation saves the run as it stood before it (an
-    evaluation reads fixed windows, drawing no batch). Returns the signal."""
+    """A second signal leaves the last checkpoint as it was (inside torch.save it may come out as the
+    RuntimeError of its writer, cut short); one during an evaluation saves the run as it stood before
+    it (an evaluation reads fixed windows, drawing no batch). Returns the signal."""
     if len(caught) > 1:
         log(f"{signal.Signals(caught[-1]).name}, a second signal: stopped at once; the last checkpoint is as it was")
         return caught[-1]
@@ -384,9 +384,9 @@ def main(argv=None):
         _, stopped = run(tc, data_file, report.printer, args.resume, args.log_interval, args.compile,
                          given, args.init_from, ranks)
         code = 128 + stopped if stopped else 0
-    # Before the training loop: nothing to save.
-    except KeyboardInterrupt:
-        code = 130
+    # Before the training loop, nothing to save; a signal while a stop or the end is said, saved.
+    except (KeyboardInterrupt, Stopped) as e:
+        code = 128 + getattr(e, "signum", signal.SIGINT)
     except distributed.Failed as e:
         code = f"error: {e}" if e.shown else 1
     except (ValueError, OSError, RuntimeError, MemoryError) as e:
