@@ -1758,10 +1758,14 @@ def check_json(path):
         if not (isinstance(figures, dict) and "date" in figures and "torch" in figures):
             raise ValueError(f"{path} holds something other than figures bench.py wrote, which --json would write "
                              f"over: pass --json a new file (or remove this one)")
-    try:  # "a" leaves a file there as it is till the figures are written
-        open(path, "a").close()
+    try:
+        # The figures are written beside it first: its folder must take a file too.
+        open(json_beside(path), "w").close()
+        os.remove(json_beside(path))
+        open(path, "a").close()  # "a" leaves a file there as it is till the figures are written
     except OSError as e:
-        raise ValueError(f"cannot write {path} ({e.strerror}): pass --json a file in a folder that exists") from None
+        raise ValueError(f"cannot write {path} ({e.strerror}): pass --json a file in a folder that exists and that "
+                         f"this user may write in") from None
 
 
 def measure_mode(args, device):
@@ -1776,17 +1780,26 @@ def measure_mode(args, device):
         write_json(args.json, figures)
 
 
+def json_beside(path):
+    """The file --json's figures are written to first, beside the file path names (or the one a link there points
+    to), this process's own: then renamed over it."""
+    return f"{os.path.realpath(path)}.{os.getpid()}.tmp"
+
+
 def write_json(path, figures):
     """figures to the file at path, whole or not at all: written beside it, then renamed over it, so that a full
-    disk leaves the figures of the run before as they were (where a link points, the file it points to)."""
-    target = os.path.realpath(path)
+    disk, a failure or a Ctrl-C leaves the figures of the run before as they were."""
     try:
-        with open(target + ".tmp", "w") as f:
+        with open(json_beside(path), "w") as f:
             json.dump(figures, f, indent=1)
-        os.replace(target + ".tmp", target)
-    except OSError as e:
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(json_beside(path), os.path.realpath(path))
+    except BaseException as e:
         with contextlib.suppress(OSError):
-            os.remove(target + ".tmp")
+            os.remove(json_beside(path))
+        if not isinstance(e, OSError):
+            raise
         kept = "any figures there are as they were"
         raise OSError(e.errno, f"cannot write --json {path} ({e.strerror}); {kept}") from None
 

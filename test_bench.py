@@ -107,6 +107,24 @@ def test_figures_that_cannot_be_written_whole_leave_those_of_the_run_before(tmp_
     assert json.loads((tmp_path / "bench.json").read_text())["speed"] == "measured" and path.is_symlink() == link
 
 
+def test_a_json_that_cannot_be_written_beside_is_refused_before_measuring_and_none_is_left(tmp_path, capsys,
+                                                                                          monkeypatch):
+    measured = []
+    monkeypatch.setattr(bench, "speed_mode", lambda args, device, figures: measured.append(1))
+    path = tmp_path / "bench.json"
+    beside = tmp_path / f"bench.json.{os.getpid()}.tmp"
+    beside.mkdir()  # where the figures would be written first: as a folder in which this user may not write would
+    message = one_line_error(capsys, bench, "--json", str(path))
+    assert message.startswith(f"error: cannot write {path} (Is a directory): pass --json a file") and not measured
+    beside.rmdir()
+    assert os.listdir(tmp_path) == []
+    # An error that is not the disk's, or a Ctrl-C, while the figures are written leaves no file beside.
+    monkeypatch.setattr(json, "dump", lambda figures, f, **kwargs: (f.write("{"), 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+        bench.main(["--json", str(path)])
+    assert os.listdir(tmp_path) == [] and measured == [1]
+
+
 def test_bench_with_another_projects_model_py_is_one_line(tmp_path, capsys):
     (tmp_path / "model.py").write_text("class GPTConfig:\n    pass\n\nclass GPT:\n    def __init__(self, config):\n"
                                        "        raise TypeError('this GPT takes no config')\n")
