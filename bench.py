@@ -53,6 +53,7 @@ try:
     import gpt
     import gpt2
     import gpt_numpy
+    import report
     import train
 # Ctrl-C while torch is still importing: nothing has been measured, so nothing is lost.
 except KeyboardInterrupt:
@@ -1781,25 +1782,17 @@ def measure_mode(args, device):
 
 
 def json_beside(path):
-    """The file --json's figures are written to first, beside the file path names (or the one a link there points
-    to), this process's own: then renamed over it."""
+    """The file report.write writes --json's figures to first, beside the file path names (or the one a link there
+    points to), before it renames it over that file."""
     return f"{os.path.realpath(path)}.{os.getpid()}.tmp"
 
 
 def write_json(path, figures):
-    """figures to the file at path, whole or not at all: written beside it, then renamed over it, so that a full
-    disk, a failure or a Ctrl-C leaves the figures of the run before as they were."""
+    """figures to the file at path (or the one a link there points to) as report.write writes a page, whole or not at
+    all: a full disk, a failure or a Ctrl-C leaves the figures of the run before as they were."""
     try:
-        with open(json_beside(path), "w") as f:
-            json.dump(figures, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(json_beside(path), os.path.realpath(path))
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.remove(json_beside(path))
-        if not isinstance(e, OSError):
-            raise
+        report.write(os.path.realpath(path), json.dumps(figures, indent=1))
+    except OSError as e:
         kept = "any figures there are as they were"
         raise OSError(e.errno, f"cannot write --json {path} ({e.strerror}); {kept}") from None
 
