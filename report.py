@@ -12,6 +12,7 @@ import base64
 import html
 import math
 import os
+import shutil
 import struct
 import time
 import unicodedata
@@ -388,11 +389,13 @@ def page(model, tokenizer, history, val, tc, by_position, sample, figures):
 def write(path, text):
     """Writes the page text to path, whole or not at all: a temporary file of this process's own
     name, so that two writers never share one, renamed over path, and removed if anything fails.
-    Returns path."""
+    A file already at path keeps its permissions (one kept private stays private). Returns path."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
+        if os.path.isfile(path):
+            shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

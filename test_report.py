@@ -127,6 +127,17 @@ def test_a_report_that_cannot_be_written_says_the_checkpoint_is_saved_and_leaves
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "report.html", "train.lock"]
 
 
+def test_a_page_written_over_a_file_keeps_that_files_permissions(tmp_path):
+    path = tmp_path / "report.html"
+    path.write_text("old", encoding="utf-8")
+    for mode in (0o600, 0o640):  # a page kept private stays private when it is written again
+        os.chmod(path, mode)
+        report.write(str(path), f"<html>{mode}</html>")
+        assert path.read_text(encoding="utf-8") == f"<html>{mode}</html>"
+        assert os.stat(path).st_mode & 0o777 == mode
+    assert os.listdir(tmp_path) == ["report.html"]
+
+
 WRITER = """
 import sys
 sys.path.insert(0, {here!r})
