@@ -1479,6 +1479,14 @@ def test_the_twin_demo_speaks_as_it_trains_and_needs_no_newline(tmp_path, capsys
     assert re.search(r"after \d+ steps at \d+ ms/step: val loss \d\.\d+\nsample:\n.{20}", out, re.S), out
 
 
+def test_the_twin_demo_reads_a_texts_line_ends_as_train_py_does(tmp_path, capsys):
+    text = TEXT[:3000].replace("\n", "\r\n")  # a text written on Windows
+    (tmp_path / "text").write_bytes(text.encode("utf-8"))
+    done = run_main(capsys, str(tmp_path / "text"), "--seconds", "1e-9")
+    assert done.returncode == 0, done.stderr
+    assert f"scores ln({len(set(text))})" in done.stdout, done.stdout  # "\r" is a character of its own
+
+
 def test_the_twin_demo_shows_a_texts_and_a_paths_escapes_and_marks_escaped(tmp_path, capsys):
     # A text of few characters, a terminal's escape and a mark that turns the text among them: the sample holds them.
     path = tmp_path / "a\x1b[2Jtext\u202e"

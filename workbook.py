@@ -1412,7 +1412,8 @@ def read_text(path, block_size):
         if not os.path.isfile(path):
             os.stat(path)  # raises what keeps it from being read: none there, a loop of links, ...
             raise OSError(0, "it is not a file")
-        with open(path, encoding="utf-8") as f:
+        # Its line ends as they are, as train.py reads a text: a CRLF text keeps its "\r".
+        with open(path, encoding="utf-8", newline="") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
