@@ -47,8 +47,9 @@ def test_gpt_muon_takes_the_products_in_the_dtype_matmul_dtype_gives(monkeypatch
     seen = []
     real = gpt.newton_schulz
     def recorded(update):
-        seen.append(gpt.matmul_dtype(update.device))
-        return real(update)
+        X = real(update)
+        seen.append(X.dtype)  # the products' dtype: the result is in the dtype they were taken in
+        return X
     monkeypatch.setattr(gpt, "newton_schulz", recorded)
     for dtype in (torch.float32, torch.bfloat16):
         monkeypatch.setattr(gpt, "matmul_dtype", lambda device, dtype=dtype: dtype)
