@@ -52,6 +52,19 @@ def tiny_model(seed=0, **overrides):
     return model
 
 
+def assert_greedy(model, tokens, prompt_length):
+    """Each of tokens (B, T) past the prompt is the likeliest next token by a full forward over the ones before it
+    (the last block_size of them): what greedy sampling through the KV cache must give. Two tokens within float32's
+    rounding of each other may go either way, as the cache and a full forward sum in other orders on other CPUs."""
+    context = model.config.block_size
+    with torch.no_grad():
+        for t in range(prompt_length, tokens.size(1)):
+            logits = model(tokens[:, max(0, t - context):t])[0][:, -1].float()  # (B, vocab_size)
+            picked = logits.gather(-1, tokens[:, t:t + 1])[:, 0]
+            slack = 1e-5 * (1 + logits.abs().max())
+            assert (picked >= logits.max(-1).values - slack).all(), (t, picked, logits.max(-1))
+
+
 def tiny_train_config(tmp_path, **overrides):
     return gpt.TrainConfig(**{**dict(out_dir=str(tmp_path / "out"), max_iters=8, eval_interval=4, eval_iters=2,
                                      batch_size=4, block_size=16, n_layer=1, n_head=2, n_embd=16, warmup_iters=2,

@@ -26,7 +26,7 @@ import gpt_numpy
 import workbook
 import report
 from conftest import (HERE, TINY, SWITCHES, TEXT, HANG, tiny_model, tiny_train_config, quiet, ByteTokenizer,
-                      TWIN_CONFIGS, twin_pair, zero_gradient)
+                      TWIN_CONFIGS, twin_pair, zero_gradient, assert_greedy)
 
 
 # ---------------------------------------------------------------------------------------------------- gpt.py itself
@@ -489,15 +489,12 @@ def test_an_int32_prompt_samples_as_its_int64_copy_where_a_pairs_number_outgrows
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
-def test_greedy_generation_equals_a_loop_of_full_forwards_past_block_size(name):
+def test_greedy_generation_picks_what_a_full_forward_picks_past_block_size(name):
     model = tiny_model(**SWITCHES[name]).eval()
     for prompt_length in (3, 12, 15):  # shorter than the context, filling it, and past it
         idx = torch.randint(0, 13, (2, prompt_length))
-        expected = idx
-        for _ in range(20):  # nanoGPT's way: a full forward over the last block_size tokens for every new token
-            logits, _ = model(expected[:, -12:])
-            expected = torch.cat([expected, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        assert torch.equal(model.generate(idx, 20, temperature=0), expected)
+        # nanoGPT's way is the reference: a full forward over the last block_size tokens for every new token.
+        assert_greedy(model, model.generate(idx, 20, temperature=0), prompt_length)
 
 
 def test_top_k_and_top_p_keep_exactly_the_right_tokens():
@@ -520,8 +517,7 @@ def test_temperature_zero_is_greedy_a_tiny_one_tends_to_it_and_seeded_sampling_i
     model = tiny_model().eval()
     idx = torch.randint(0, 13, (1, 4))
     greedy = model.generate(idx, 8, temperature=0)
-    logits, _ = model(greedy[:, :-1])
-    assert torch.equal(greedy[0, 4:], logits[0, 3:].argmax(-1))
+    assert_greedy(model, greedy, 4)
     for tiny in (1e-40, 1e-300, 5e-324):  # the limit, not an overflow to inf and NaN
         assert torch.equal(model.generate(idx, 8, temperature=tiny, generator=torch.Generator().manual_seed(0)), greedy)
     draw = lambda seed: model.generate(idx, 30, top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(seed))
@@ -1285,5 +1281,8 @@ def test_twin_muon_and_adamw_steps_match_torch(name, monkeypatch):
     largest = max(np.abs(p.detach().numpy() - before[n]).max() for n, p in model.named_parameters())
     for n, p in model.named_parameters():
         moved = p.detach().numpy() - before[n]
-        scale = largest if zero_gradient(n, model.config) else None  # AdamW's steps on rounding noise
-        assert gpt_numpy.rel_error(twin.params[n] - before[n], moved, scale) < 1e-8, n
+        if zero_gradient(n, model.config):
+            # AdamW's steps on rounding noise, which each side rounds its own way: both far below a real step.
+            assert max(np.abs(moved).max(), np.abs(twin.params[n] - before[n]).max()) < 1e-6 * largest, n
+            continue
+        assert gpt_numpy.rel_error(twin.params[n] - before[n], moved) < 1e-8, n
