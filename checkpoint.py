@@ -34,8 +34,12 @@ def path_in(out_dir):
 # ---------------------------------------------------------------------------------------------- loading
 def need_checkpoint(path):
     """Refuses, in one line, a path that holds no checkpoint's file."""
-    if not os.path.isfile(path):
+    if os.path.isfile(path):
+        return
+    if not os.path.exists(path):
         raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
+    raise ValueError(f"no checkpoint file at {path} (it is a folder, a pipe or a device, not a file): pass --out_dir "
+                     f"the folder of a run")
 
 
 def load(path, device):
@@ -91,10 +95,14 @@ def load(path, device):
         if tokenizer and tokenizer.vocab_size != model.config.vocab_size:
             raise ValueError(f"{tokenizer.vocab_size} characters for a vocab_size of "
                              f"{model.config.vocab_size}")
-    # A file this process may not read is no fault of the checkpoint's.
+    # A file this process may not read is no fault of the checkpoint's; torch.load says "Invalid
+    # argument" of one cut short.
     except OSError as e:
-        raise ValueError(f"cannot read {path} ({e.strerror}): give this process read access to "
-                         f"it") from None
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise ValueError(f"cannot read {path} ({e.strerror}): give this process read access to "
+                             f"it") from None
+        raise ValueError(f"cannot read {path} ({e.strerror}): it is cut short or damaged, not a whole "
+                         f"checkpoint; train a new one with python train.py") from None
     except Exception as e:
         # torch's own messages go on for lines, and advise weights_only=False, no help here; a
         # state_dict's says on its second line which weight does not fit.
@@ -612,12 +620,15 @@ def check_out_dir(out_dir, resume=False, data_path=None):
         need_checkpoint(path)
     try:
         os.makedirs(out_dir, exist_ok=True)
-        for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock")):
+        report = os.path.join(out_dir, "report.html")
+        # Found now, not when the run ends and writes its report.
+        for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock"), report):
             if os.path.isdir(name):
-                raise ValueError(f"cannot write {path} ({name} is a folder): remove it, or pass "
+                target = report if name == report else path
+                raise ValueError(f"cannot write {target} ({name} is a folder): remove it, or pass "
                                  f"--out_dir a writable folder")
         # The lock, a save or the report would write over the text, which would be lost.
-        written = [path, path + ".tmp", os.path.join(out_dir, "train.lock"), os.path.join(out_dir, "report.html")]
+        written = [path, path + ".tmp", os.path.join(out_dir, "train.lock"), report]
         clash = [name for name in written if data_path and one_file(data_path, name)]
         if clash:
             raise ValueError(f"--data {data_path} is {clash[0]}, a file this run writes: keep the data outside "

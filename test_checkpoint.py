@@ -416,6 +416,20 @@ def test_a_checkpoint_this_process_may_not_read_is_said_so_not_called_corrupt(tr
         checkpoint.load(path, "cpu")
 
 
+def test_a_checkpoint_cut_short_anywhere_is_called_so_never_a_matter_of_read_access(trained_dir, tmp_path):
+    whole = Path(trained_dir, "ckpt.pt").read_bytes()
+    path = tmp_path / "ckpt.pt"
+    said = set()
+    for length in range(1, len(whole), len(whole) // 40):  # torch.load fails in several ways by where the cut is
+        path.write_bytes(whole[:length])
+        with pytest.raises(ValueError) as refused:
+            checkpoint.load(str(path), "cpu")
+        message = str(refused.value)
+        assert "read access" not in message and message.endswith("train a new one with python train.py"), message
+        said.add("cut short or damaged" in message)
+    assert said == {True, False}  # torch's "Invalid argument" among its ways, said as the file's fault
+
+
 def test_a_pipe_given_as_data_to_a_resume_is_refused_before_its_fingerprint_is_read(tmp_path, capsys, trained_dir):
     # A record of a file of 0 bytes (a run on a file of /proc) has the fingerprint looked for in any file of 0.
     # Read as another type than the record's, the file is looked for by its fingerprint.

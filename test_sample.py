@@ -64,7 +64,10 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
                                "text"),  # a prompt is never token ids
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--out_dir", "FOLDER"], "no checkpoint file at"),
-    (["--out_dir", "CKPT_FOLDER"], "no checkpoint file at"),  # ckpt.pt is a folder
+    (["--out_dir", "CKPT_FOLDER"], "ckpt.pt (it is a folder, a pipe or a device, not a file): pass --out_dir the "
+                                   "folder of a run"),  # ckpt.pt is a folder
+    (["--out_dir", "CKPT_PIPE"], "ckpt.pt (it is a folder, a pipe or a device, not a file)"),  # read, it would hang
+    (["--out_dir", "CKPT_DEVICE"], "ckpt.pt (it is a folder, a pipe or a device, not a file)"),
     # torch's message cut to its first sentence: the rest suggests weights_only=False, no help for a file of junk
     (["--out_dir", "CORRUPT"], "can load (UnpicklingError: Weights only load failed.); train a new one"),
     (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError: Error(s) in loading "
@@ -95,6 +98,10 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     (tmp_path / "NULS").write_text("ROMEO\0")
     os.makedirs(tmp_path / "FOLDER")
     os.makedirs(tmp_path / "CKPT_FOLDER" / "ckpt.pt")
+    for name in ("CKPT_PIPE", "CKPT_DEVICE"):
+        os.makedirs(tmp_path / name)
+    os.mkfifo(tmp_path / "CKPT_PIPE" / "ckpt.pt")
+    os.symlink("/dev/zero", tmp_path / "CKPT_DEVICE" / "ckpt.pt")
     os.makedirs(tmp_path / "CORRUPT")
     (tmp_path / "CORRUPT" / "ckpt.pt").write_bytes(b"not a checkpoint")
     hand_made(trained_dir, tmp_path / "MISFIT", set_in(["config", "n_embd"], 32))  # the weights no longer fit
@@ -107,7 +114,7 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     hand_made(trained_dir, tmp_path / "NAN_WEIGHTS", lambda ckpt: ckpt["model"]["wte.weight"].fill_(float("nan")))
     hand_made(trained_dir, tmp_path / "HUGE_WEIGHTS",
               lambda ckpt: [w.fill_(3e38) for name, w in ckpt["model"].items() if "c_fc" in name])
-    names = ("CKPT_FOLDER|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|HUGE_WEIGHTS|"
+    names = ("CKPT_FOLDER|CKPT_PIPE|CKPT_DEVICE|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|HUGE_WEIGHTS|"
              "MISSING|NULS")
     flags = [re.sub(names, lambda m: str(tmp_path / m.group(0)), f) for f in flags]
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)

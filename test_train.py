@@ -769,11 +769,13 @@ def test_a_model_too_large_for_any_memory_is_one_line(tmp_path, capsys):
     assert message.startswith("error: out of memory"), message
 
 
-@pytest.mark.parametrize("name", ["train.lock", "ckpt.pt.tmp"])
+@pytest.mark.parametrize("name", ["train.lock", "ckpt.pt.tmp", "report.html"])
 def test_a_folder_where_the_run_writes_a_file_is_refused_before_training(tmp_path, capsys, name):
     (tmp_path / "out" / name).mkdir(parents=True)
     message = one_line_error(capsys, train, *tiny_flags(tmp_path))
-    assert f"({tmp_path / 'out' / name} is a folder): remove it, or pass --out_dir a writable folder" in message
+    written = "report.html" if name == "report.html" else "ckpt.pt"
+    assert f"cannot write {tmp_path / 'out' / written} ({tmp_path / 'out' / name} is a folder): remove it, or pass " \
+           f"--out_dir a writable folder" in message, message
     assert not (tmp_path / "out" / "ckpt.pt").exists() and "iter 1" not in capsys.readouterr().out
 
 
