@@ -1503,6 +1503,7 @@ def test_the_twin_demo_shows_a_texts_and_a_paths_escapes_and_marks_escaped(tmp_p
 
 def test_a_mode_refuses_an_input_it_would_ignore(capsys):
     for args, says in ((["--check", "input.txt"], "--check trains nothing"),
+                       (["--check", ""], "table names it ('linear', "),  # an empty name is no check, nor all of them
                        (["--exercise", "1", "--seconds", "5"], "--exercise trains nothing"),
                        (["--check", "--exercise", "1"], "--check and --exercise are two modes: give one")):
         assert_one_line(run_main(capsys, *args), says, code=2)

@@ -1460,7 +1460,7 @@ def main(argv=None, twin=gpt_numpy):
     # No defaults here: None tells that --check or --exercise was given a training input.
     parser.add_argument("path", nargs="?", help="text to train on (default: input.txt)")
     parser.add_argument("--seconds", type=seconds_type, help="training time (default: 60)")
-    parser.add_argument("--check", nargs="?", const="", metavar="NAME",
+    parser.add_argument("--check", nargs="?", const=True, metavar="NAME",
                         help="instead: check every gradient by finite differences, or one "
                              f"layer's and the models that use it: {'; '.join(CHECKS)}")
     parser.add_argument("--intermediates", action="store_true",
@@ -1509,11 +1509,11 @@ def main(argv=None, twin=gpt_numpy):
         sys.exit(0 if train_beside(twin) else 1)
     if args.intermediates and args.check is None:
         parser.error("--intermediates goes with --check (or --check NAME)")
-    if args.check and args.check not in CHECKS:
+    # True for --check alone; any name given, "" too, must be a table's.
+    if isinstance(args.check, str) and args.check not in CHECKS:
         names = ", ".join(f"'{name}'" for name in CHECKS)
         parser.error(f"--check trains nothing: it checks every row, or a layer's named as its "
                      f"table names it ({names}); not {args.check!r}")
-    args.check = None if args.check is None else args.check or True
     mode = "--check" if args.check else "--exercise" if args.exercise is not None else None
     if mode is not None and (args.path is not None or args.seconds is not None):
         parser.error(f"{mode} trains nothing: a text and --seconds go with the training alone")
