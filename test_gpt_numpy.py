@@ -1431,6 +1431,58 @@ def test_train_runs_the_learners_backward_beside_the_references_and_fails_where_
                     code=2)
 
 
+def test_train_of_an_exercise_of_two_bodies_trains_every_block_either_is_in(twin_dir, capsys):
+    # "write RMSNorm's backward" blanks LayerNorm's too (its derivation holds RMSNorm's): a slip in either fails.
+    number = next(n for n, ex in enumerate(workbook.exercises(), 1)
+                  if ex["function"] == "rmsnorm_backward" and "layernorm_backward" in ex.get("with", []))
+    source = (twin_dir / "gpt_numpy.py").read_text(encoding="utf-8")
+    right = "    dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))"
+    assert source.count(right) == 1
+    copy = twin_dir / f"exercise_{number}.py"
+    copy.write_text(source.replace(right, "    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))"),
+                    encoding="utf-8")  # RMSNorm's right, LayerNorm's without its mean's path
+    done = run_main(capsys, "--train", twin=imported(copy))
+    assert done.returncode == 1 and "llama: your gradients train as the reference's do" in done.stdout, done.stdout
+    assert re.search(r"gpt2: your loss parted .*: --check layernorm says where", done.stdout), done.stdout
+
+
+def test_train_of_a_backward_in_less_precision_says_so_and_never_blames_a_slip(twin_dir, capsys):
+    source = (twin_dir / "gpt_numpy.py").read_text(encoding="utf-8")
+    made = "    dweight = np.zeros(shape, dtype=dout.dtype)"
+    assert source.count(made) == 1
+    copy = twin_dir / "exercise_22.py"  # write the embedding's backward
+    assert workbook.exercises()[21]["function"] == "embedding_backward"
+    for dtype in ("float16", "float32"):
+        copy.write_text(source.replace(made, made.replace("dout.dtype", f"np.{dtype}")), encoding="utf-8")
+        done = run_main(capsys, "--train", twin=imported(copy))
+        assert "says where" not in done.stdout and "Traceback" not in done.stderr, done.stdout
+        # float16's rounding parts the run on any CPU; float32's may stay within float64's rounding of it.
+        said = f"your backward returns {dtype} arrays, whose rounding alone parts a run from the float64 reference's"
+        if dtype == "float16" or done.returncode == 1:
+            assert done.returncode == 1 and said in done.stdout, done.stdout
+
+
+def test_intermediates_are_matched_by_name_and_a_backward_without_them_is_said_so(tmp_path):
+    # The same right backward, its three maps' gradients taken in another order: every intermediate still matches.
+    order = ['            dh = back(block + "attn.c_v", linear_backward, dv)  # (B, T, C)',
+             '            dh = dh + back(block + "attn.c_k", linear_backward, dk)  # (B, T, C)',
+             '            dh = dh + back(block + "attn.c_q", linear_backward, dq)  # (B, T, C)']
+    reordered = [order[2].replace("dh = dh + ", "dh = "), order[1], order[0].replace("dh = ", "dh = dh + ")]
+    twin = broken_twin(tmp_path, "\n".join(order), "\n".join(reordered))
+    lines = []
+    assert workbook.intermediates("llama", workbook.LLAMA, twin, log=lines.append) is None, lines
+    # No douts: each row says it has none, the loss's first; no pair at all: one line.
+    twin = broken_twin(tmp_path, "return (grads, douts) if activations else grads", "return (grads, {})")
+    lines = []
+    assert workbook.intermediates("gpt2", workbook.GPT2, twin, log=lines.append) == "loss: dout"
+    assert "yours has none (douts keyed by layer" in lines[1], lines
+    twin = broken_twin(tmp_path, "return (grads, douts) if activations else grads", "return grads")
+    lines = []
+    assert workbook.intermediates("gpt2", workbook.GPT2, twin, log=lines.append) == "GPT.backward (gpt2)"
+    assert lines == ["intermediates (gpt2): GPT.backward(activations=True) raised TypeError: what it returned is a "
+                     "dict, not the pair (grads, douts) that activations=True asks for"], lines
+
+
 # ---------------------------------------------------------------------------------------- the demo and its command line
 @pytest.mark.parametrize("content, match", [
     (None, "No such file or directory"), ("FOLDER", "it is not a file"), ("/dev/zero", "it is not a file"),

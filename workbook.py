@@ -160,12 +160,17 @@ class Muon:
 FLOAT32_TOLERANCE = 1000 * float(np.finfo(np.float32).eps)
 
 
+def less_precise(arrays):
+    """The dtype of the first of arrays that is a float of less precision than float64; None if
+    none is."""
+    return next((a.dtype for a in arrays if isinstance(a, (np.ndarray, np.generic))
+                 and a.dtype.kind in "fc" and np.finfo(a.dtype).eps > np.finfo(np.float64).eps), None)
+
+
 def tolerance_for(tolerance, arrays):
     """The tolerance in force for gradients computed as the arrays are: FLOAT32_TOLERANCE (or
     tolerance, where more) where one is a float of less precision than float64, else tolerance."""
-    low = [a for a in arrays if isinstance(a, (np.ndarray, np.generic)) and a.dtype.kind in "fc"
-           and np.finfo(a.dtype).eps > np.finfo(np.float64).eps]
-    return max(tolerance, FLOAT32_TOLERANCE) if low else tolerance
+    return tolerance if less_precise(arrays) is None else max(tolerance, FLOAT32_TOLERANCE)
 
 
 class Row:
@@ -732,7 +737,11 @@ def recorded(twin, config, params, idx, targets):
     try:
         model = twin.GPT(config, {n: w.copy() for n, w in params.items()})
         model.forward(idx.copy(), targets.copy())
-        _, douts = model.backward(activations=True)
+        returned = model.backward(activations=True)
+        if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[1], dict)):
+            raise TypeError(f"what it returned is a {type(returned).__name__}, not the pair (grads, "
+                            f"douts) that activations=True asks for")
+        douts = returned[1]
     finally:
         for name, function in kept.items():
             setattr(twin, name, function)
@@ -769,18 +778,20 @@ def intermediates(block, switches, twin=gpt_numpy, log=print):
             f"{raised_here(e, twin, learners_function(twin))}")
         return f"GPT.backward ({block})"
     log(f"intermediates ({block}), yours against the reference's, from the loss down:")
+    # By name: a backward may call its layers in another order and be right.
+    yours = {(layer, what): array for layer, what, array in yours}
     first = None
-    for n, (layer, what, ref) in enumerate(reference):
+    for layer, what, ref in reference:
         name = f"{layer}: {what}"
-        if n >= len(yours) or yours[n][:2] != (layer, what) or yours[n][2].shape != ref.shape:
-            said = "missing" if n >= len(yours) else f"got {yours[n][0]}: {yours[n][1]} " \
-                                                     f"{yours[n][2].shape}"
+        if (layer, what) not in yours or yours[layer, what].shape != ref.shape:
+            said = (f"yours is {yours[layer, what].shape}" if (layer, what) in yours else
+                    "yours has none (douts keyed by layer, as the forward keys what it saves)")
             log(f"  {name:36s} DIFFERS  {ref.shape}, {said}")
             first = first or name
             continue
-        mine = yours[n][2].astype(np.float64)
+        mine = yours[layer, what].astype(np.float64)
         diff = float(np.abs(mine - ref).max()) if ref.size else 0.0
-        close = tolerance_for(1e-6, [yours[n][2]]) * max(np.abs(ref).max(), 1e-300)
+        close = tolerance_for(1e-6, [yours[layer, what]]) * max(np.abs(ref).max(), 1e-300)
         verdict = ("exact" if np.array_equal(mine, ref) else
                    "close" if diff <= close else "DIFFERS")
         log(f"  {name:36s} {verdict:7s}  max diff {diff:.1e}")
@@ -1648,54 +1659,79 @@ def train_beside(twin, steps=120, log=print):
     every step. Plain steps, not AdamW's: AdamW divides each gradient by its own size, so a
     gradient off by a constant factor would train as the right one does."""
     function = learners_function(twin)
-    name = next((ex["check"] for ex in exercises() if ex["function"] == function and "check" in ex),
-                "model") if function else "model"
+    exercise = learners_exercise(twin)
+    # Every function whose body the learner wrote (an exercise may blank two), by the check of it.
+    written = [exercise["function"], *exercise.get("with", [])] if exercise else []
+    names = [next((ex["check"] for ex in exercises() if ex["function"] == f and "check" in ex),
+                  "model") for f in written] or ["model"]
     # Tokens of a rule the model can learn: each the one before times 3, plus 1, modulo V.
     data = np.zeros(400, dtype=np.int64)
     for i in range(1, len(data)):
         data[i] = (3 * data[i - 1] + 1 + (i % 50 == 0)) % V
     passed = True
-    for block in CHECKS[name][1]:
-        switches = GPT2 if block == "gpt2" else LLAMA
-        config = model_config(gpt_numpy, switches, block_size=T + 1)
-        weights = gpt_numpy.init_params(config, seed=0, dtype=np.float64)
-        models = {"yours": twin.GPT(model_config(twin, switches, block_size=T + 1),
-                                    {n: w.copy() for n, w in weights.items()}),
-                  "reference": gpt_numpy.GPT(config, {n: w.copy() for n, w in weights.items()})}
-        rng = np.random.default_rng(0)
-        losses = {who: [] for who in models}
-        log(f"training the check's {block} model {steps} steps with your backward (from "
-            f"{os.path.basename(twin.__file__)}) and the reference's")
-        with np.errstate(all="ignore"):
-            for step in range(steps):
-                ix = rng.integers(0, len(data) - T - 1, MB)
-                xy = np.stack([data[i:i + T + 1] for i in ix])
-                for who, model in models.items():
-                    try:
-                        losses[who].append(float(model.forward(xy[:, :-1], xy[:, 1:])[1]))
-                        with time_limit("GPT.backward"):
-                            grads = model.backward()
-                        for n, w in model.params.items():
-                            w -= TRAIN_LR * grads[n]
-                    except (Exception, SystemExit) as e:
-                        log(f"step {step}: your backward raised {raised_here(e, twin, function)}")
-                        return False
-                if step % 20 == 0 or step == steps - 1:
-                    log(f"step {step:3d}: loss yours {losses['yours'][-1]:.4f}, reference "
-                        f"{losses['reference'][-1]:.4f}")
-        # The same weights and batches: a right backward keeps the reference's losses to float64's
-        # rounding, step for step; a wrong one parts from them.
-        parted = [i for i, (a, b) in enumerate(zip(losses["yours"], losses["reference"]))
-                  if not abs(a - b) <= 1e-6 * (1 + abs(b))]
-        if parted:
-            i = parted[0]
-            log(f"{block}: your loss parted from the reference's at step {i} ({losses['yours'][i]:.6f} "
-                f"against {losses['reference'][i]:.6f}; {losses['yours'][-1]:.4f} against "
-                f"{losses['reference'][-1]:.4f} at the end): --check {name} says where")
-            passed = False
-        else:
-            log(f"{block}: your gradients train as the reference's do")
+    # What the learner's backwards return, step by step: float32 arrays part a run from the
+    # reference's by their rounding alone.
+    returned = []
+    restore = watching_backwards(twin, [], returned)
+    try:
+        for block in dict.fromkeys(b for name in names for b in CHECKS[name][1]):
+            name = next(name for name in names if block in CHECKS[name][1])
+            passed = train_block(twin, block, name, data, steps, returned, log) and passed
+    finally:
+        restore()
     return passed
+
+
+def train_block(twin, block, name, data, steps, returned, log):
+    """train_beside's run of one block's model; name is the check that says where it parts.
+    Returns whether the learner's losses kept to the reference's."""
+    function = learners_function(twin)
+    switches = GPT2 if block == "gpt2" else LLAMA
+    config = model_config(gpt_numpy, switches, block_size=T + 1)
+    weights = gpt_numpy.init_params(config, seed=0, dtype=np.float64)
+    models = {"yours": twin.GPT(model_config(twin, switches, block_size=T + 1),
+                                {n: w.copy() for n, w in weights.items()}),
+              "reference": gpt_numpy.GPT(config, {n: w.copy() for n, w in weights.items()})}
+    rng = np.random.default_rng(0)
+    losses = {who: [] for who in models}
+    low = None  # the dtype of the learner's arrays, where less precise than float64
+    log(f"training the check's {block} model {steps} steps with your backward (from "
+        f"{os.path.basename(twin.__file__)}) and the reference's")
+    with np.errstate(all="ignore"):
+        for step in range(steps):
+            ix = rng.integers(0, len(data) - T - 1, MB)
+            xy = np.stack([data[i:i + T + 1] for i in ix])
+            for who, model in models.items():
+                try:
+                    losses[who].append(float(model.forward(xy[:, :-1], xy[:, 1:])[1]))
+                    with time_limit("GPT.backward"):
+                        grads = model.backward()
+                    for n, w in model.params.items():
+                        w -= TRAIN_LR * grads[n]
+                except (Exception, SystemExit) as e:
+                    log(f"step {step}: your backward raised {raised_here(e, twin, function)}")
+                    return False
+                if low is None:
+                    low = less_precise(returned + list(grads.values()))
+                returned.clear()
+            if step % 20 == 0 or step == steps - 1:
+                log(f"step {step:3d}: loss yours {losses['yours'][-1]:.4f}, reference "
+                    f"{losses['reference'][-1]:.4f}")
+    # The same weights and batches: a right backward keeps the reference's losses to float64's
+    # rounding, step for step; a wrong one parts from them.
+    parted = [i for i, (a, b) in enumerate(zip(losses["yours"], losses["reference"]))
+              if not abs(a - b) <= 1e-6 * (1 + abs(b))]
+    if not parted:
+        log(f"{block}: your gradients train as the reference's do")
+        return True
+    i = parted[0]
+    # --check allows for float32's rounding; step after step, a run cannot tell it from a slip.
+    where = (f"--check {name} says where" if low is None else f"your backward returns {low} arrays, "
+             f"whose rounding alone parts a run from the float64 reference's: make them float64 to compare")
+    log(f"{block}: your loss parted from the reference's at step {i} ({losses['yours'][i]:.6f} "
+        f"against {losses['reference'][i]:.6f}; {losses['yours'][-1]:.4f} against "
+        f"{losses['reference'][-1]:.4f} at the end): {where}")
+    return False
 
 
 def stale(twin):
