@@ -114,8 +114,8 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     hand_made(trained_dir, tmp_path / "NAN_WEIGHTS", lambda ckpt: ckpt["model"]["wte.weight"].fill_(float("nan")))
     hand_made(trained_dir, tmp_path / "HUGE_WEIGHTS",
               lambda ckpt: [w.fill_(3e38) for name, w in ckpt["model"].items() if "c_fc" in name])
-    names = ("CKPT_FOLDER|CKPT_PIPE|CKPT_DEVICE|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|NAN_WEIGHTS|HUGE_WEIGHTS|"
-             "MISSING|NULS")
+    names = ("CKPT_FOLDER|CKPT_PIPE|CKPT_DEVICE|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|"
+             "NAN_WEIGHTS|HUGE_WEIGHTS|MISSING|NULS")
     flags = [re.sub(names, lambda m: str(tmp_path / m.group(0)), f) for f in flags]
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)
     # Only --data reads token ids from a .bin: no other option's refusal suggests one.
