@@ -36,7 +36,7 @@ def torchrun_ranks():
         return 0, 0, 1
     told = [os.environ.get(name, "") for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")]
     ranks = tuple(map(int, told)) if all(n.isdecimal() for n in told) else None
-    return ranks if ranks is not None and 0 <= ranks[1] <= ranks[0] < ranks[2] else None
+    return ranks if ranks is not None and 0 <= ranks[1] <= ranks[0] < ranks[2] <= gpt.MANY else None
 
 
 def number(kind, ok, rule):

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import cli
+import gpt
 
 
 class Failed(ValueError):
@@ -32,8 +33,8 @@ def ranks():
     found = cli.torchrun_ranks()
     if found is None:
         raise ValueError(f"{told('WORLD_SIZE', 'RANK', 'LOCAL_RANK')}: not as torchrun sets them (whole numbers, "
-                         f"0 <= LOCAL_RANK <= RANK < WORLD_SIZE): launch with torchrun --nproc_per_node=N train.py, "
-                         f"or unset WORLD_SIZE")
+                         f"0 <= LOCAL_RANK <= RANK < WORLD_SIZE <= {gpt.MANY:,}): launch with torchrun "
+                         f"--nproc_per_node=N train.py, or unset WORLD_SIZE")
     return found
 
 
@@ -56,9 +57,16 @@ def agree_on_setup(error, trainer, rank, world):
     vocabulary = None if trainer is None else vocabulary_of(trainer)
     options = None if trainer is None else options_of(trainer)
     told = [None] * world
-    dist.all_gather_object(told, (message, vocabulary, options))
-    # Every process has what all of them told before any raises, and leaves the group.
-    dist.barrier()
+    try:
+        dist.all_gather_object(told, (message, vocabulary, options))
+        # Every process has what all of them told before any raises, and leaves the group.
+        dist.barrier()
+    except RuntimeError as e:
+        # A process that stopped while setting up (killed, out of memory loading its weights).
+        lost = lost_peer(e, None, rank, world)
+        if lost is None:
+            raise
+        raise lost from None
     failed = [r for r, (m, _, _) in enumerate(told) if m is not None]
     if failed:
         first = failed[0]
@@ -181,16 +189,18 @@ def wrap(trainer, world):
 
 def lost_peer(error, trainer, rank, world):
     """error as the one line of a lost process, when it is a collective's failure under DDP, as
-    Gloo and NCCL report a process of the run that has stopped (killed, out of memory); else None."""
+    Gloo and NCCL report a process of the run that has stopped (killed, out of memory); else None.
+    trainer is None while the processes set up."""
     text = str(error)
     if not (world > 1 and (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text)):
         return None
-    out_dir = trainer.tc.out_dir
+    when = "while setting up" if trainer is None else f"at iteration {trainer.it}"
+    out_dir = "" if trainer is None else trainer.tc.out_dir
     kept = f"; the last checkpoint in {out_dir} is as it was" if out_dir else ""
     # Gloo's line, less the source file it names and the advice after its first sentence.
     reason = re.sub(r"^\[[^\]]*\]\s*", "", text.strip()).split(". ")[0][:160]
-    return Failed(f"process {rank} of {world} lost touch with the others at iteration "
-                  f"{trainer.it} ({reason}): another process stopped{kept}", shown=True)
+    return Failed(f"process {rank} of {world} lost touch with the others {when} ({reason}): another process "
+                  f"stopped{kept}", shown=True)
 
 
 def end(code, world):

@@ -144,6 +144,24 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
                         r"process stopped; the last checkpoint in .*out is as it was\n", err), err
 
 
+def test_a_process_lost_while_the_processes_set_up_is_one_line_and_any_other_error_stays_itself(monkeypatch):
+    def closed(*args):  # as Gloo's all_gather meets a peer killed while it loaded its data or weights
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                           "[127.0.0.1]:5555")
+
+    monkeypatch.setattr(distributed.dist, "all_gather_object", closed)
+    with pytest.raises(distributed.Failed) as failed:
+        distributed.agree_on_setup(None, None, 1, 2)
+    assert str(failed.value) == ("process 1 of 2 lost touch with the others while setting up (Connection closed by "
+                                 "peer [127.0.0.1]:5555): another process stopped") and failed.value.shown
+    def bug(*args):
+        raise RuntimeError("a bug's own words")
+
+    monkeypatch.setattr(distributed.dist, "all_gather_object", bug)
+    with pytest.raises(RuntimeError, match="^a bug's own words$"):  # a bug is no lost process
+        distributed.agree_on_setup(None, None, 1, 2)
+
+
 @pytest.mark.parametrize("env, expected", [
     ({}, (0, 0, 1)),
     ({"RANK": "1"}, (0, 0, 1)),  # a rank set alone: a single process
@@ -155,8 +173,11 @@ def test_under_torchrun_processes_with_other_options_and_a_lost_process_are_one_
     ({"WORLD_SIZE": "2", "RANK": "-1", "LOCAL_RANK": "0"}, "RANK '-1'"),
     ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "1"}, "LOCAL_RANK '1': not as torchrun"),
     ({"WORLD_SIZE": "0"}, "WORLD_SIZE '0', RANK not set, LOCAL_RANK not set: not as torchrun sets them (whole "
-                          "numbers, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE): launch with torchrun"),
+                          "numbers, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE <= 1,000,000,000): launch with torchrun"),
     ({"WORLD_SIZE": "abc", "RANK": "0", "LOCAL_RANK": "0"}, "WORLD_SIZE 'abc'"),
+    # Past what torch's store takes (a traceback), or past any run's processes (a wait for peers that never come).
+    ({"WORLD_SIZE": str(2 ** 31), "RANK": "0", "LOCAL_RANK": "0"}, "< WORLD_SIZE <= 1,000,000,000): launch with"),
+    ({"WORLD_SIZE": "9" * 20, "RANK": "0", "LOCAL_RANK": "0"}, "WORLD_SIZE '99999999999999999999'"),
     ({"WORLD_SIZE": "2", "RANK": "1"}, "LOCAL_RANK not set"),
     ({"WORLD_SIZE": "2", "RANK": "\u00b2", "LOCAL_RANK": "1"}, "RANK '\u00b2'"),  # a digit, and no number int() reads
     ({"WORLD_SIZE": " 2", "RANK": "1", "LOCAL_RANK": "1"}, "WORLD_SIZE ' 2'"),  # int() reads it; torchrun never sets it
