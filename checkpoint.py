@@ -16,7 +16,6 @@ import os
 import re
 import stat
 import warnings
-import zipfile
 
 import torch
 
@@ -52,10 +51,11 @@ def load(path, device):
         # Read here, to the CPU (torch.load maps no cpu:0; the random states stay CPU tensors), so
         # that a checkpoint of the layout before each map had a weight of its own is brought to
         # today's before gpt.load_checkpoint builds its model on device.
-        # torch.load reads no checksum: a bit flipped on the disk would load, train and be saved again.
-        damaged = damaged_record(path)
-        if damaged:
-            raise ValueError(f"its record {damaged} fails its checksum: the file is damaged")
+        # torch.load reads no checksum: a bit flipped on the disk would load, train and be saved
+        # again; nor does it bound what a compressed record unpacks to.
+        fault = data.zip_fault(path)
+        if fault:
+            raise ValueError(fault)
         # torch warns of a pickle it did not write in lines of their own, before it reads or refuses it.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -124,23 +124,6 @@ def load(path, device):
     elif tokenizer is None and name is not None:
         tokenizer = Named(name, model.config.vocab_size)
     return model, tokenizer, ckpt
-
-
-def damaged_record(path):
-    """The name of the first record of the zip file at path whose checksum fails, or None; None too
-    for a file that is no whole zip file (torch's older format, or one cut short), which torch.load
-    then reads or refuses."""
-    with open(path, "rb") as f:
-        if f.read(4) != b"PK\x03\x04":
-            return None
-    try:
-        with zipfile.ZipFile(path) as archive:
-            # torch.serialization.set_crc32_options(False) writes every checksum as 0: none to check.
-            if not any(info.CRC for info in archive.infolist()):
-                return None
-            return archive.testzip()
-    except zipfile.BadZipFile:
-        return None
 
 
 # Deeper, and more, than the dicts, lists and tuples of any checkpoint a run writes: its optimizers'

@@ -6,6 +6,7 @@ import hashlib
 import os
 import stat
 import sys
+import zipfile
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -66,6 +67,31 @@ RESUME_ADVICE = "use the text it was trained on (--data), or train without --res
 
 # UTF-8 read and decoded at a time: a text of any size needs the memory of one chunk beside its ids.
 CHUNK = 1 << 25
+
+
+def zip_fault(path):
+    """What is wrong with the zip file at path as torch.save writes one, or None. A record that is
+    compressed (torch.save stores each whole: it is hand-made, and could unpack to far more memory
+    than the file holds), or one whose checksum fails (torch.load reads none). None too for a file
+    that is no whole zip file (torch's older format, or one cut short), which torch.load then reads
+    or refuses."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+            packed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
+            if packed:
+                return (f"its record {packed[0]} is compressed, which torch.save never does: it is "
+                        f"hand-made, and could unpack to far more memory than the file's size")
+            # torch.serialization.set_crc32_options(False) writes every checksum as 0: none to check.
+            if not any(r.CRC for r in records):
+                return None
+            damaged = archive.testzip()
+    except zipfile.BadZipFile:
+        return None
+    return None if damaged is None else f"its record {damaged} fails its checksum: the file is damaged"
 
 
 def text_chunks(path):

@@ -247,6 +247,9 @@ def read_weights(folder):
         return read_safetensors(safetensors)
     path = os.path.join(folder, "pytorch_model.bin")
     data.check_file(path, "GPT-2's weights", None)
+    fault = data.zip_fault(path)
+    if fault:
+        raise ValueError(f"{path} is not loaded: {fault}")
     try:
         # A plain pickle brings warnings of torch's own: the one line below says all there is.
         with warnings.catch_warnings():

@@ -20,7 +20,7 @@ import gpt
 import sample
 import train
 from conftest import (HERE, TEXT, run_cli, tiny_train_config, tiny_flags, quiet, one_line_error, hand_made, set_in,
-                      models_made)
+                      models_made, compressed)
 
 
 def test_a_checkpoint_holds_all_that_resuming_needs_and_restore_goes_on_exactly(tmp_path):
@@ -503,6 +503,18 @@ def test_values_a_message_cannot_show_are_one_line_not_a_recursion_error_or_a_ha
         assert says in message, message
 
 
+def test_a_checkpoint_of_compressed_records_is_refused_before_any_is_unpacked(tmp_path, capsys, trained_dir,
+                                                                              monkeypatch):
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "out" / "ckpt.pt"
+    shutil.copy(os.path.join(trained_dir, "ckpt.pt"), path)
+    compressed(path)
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("torch.load unpacked it"))
+    message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
+    assert f"{path} is not a checkpoint this gpt.py can load (ValueError: its record archive/data.pkl is compressed, " \
+           f"which torch.save never does" in message, message
+
+
 def test_a_byte_changed_on_the_disk_is_refused_by_its_records_checksum(tmp_path, capsys, trained_dir):
     (tmp_path / "out").mkdir()
     path = tmp_path / "out" / "ckpt.pt"
@@ -561,7 +573,7 @@ def test_a_checkpoint_torch_loads_with_no_checksum_to_read_is_not_called_damaged
             torch.serialization.set_crc32_options(writes_them)
     else:
         torch.save(ckpt, path, _use_new_zipfile_serialization=False)
-    assert checkpoint.damaged_record(str(path)) is None
+    assert data.zip_fault(str(path)) is None
     capsys.readouterr()
     sample.main(["--out_dir", str(tmp_path / "out"), "--start", "RO", "--max_new_tokens", "3", "--num_samples", "1"])
     assert capsys.readouterr().out.startswith("RO")

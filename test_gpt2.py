@@ -19,7 +19,7 @@ import gpt2
 import sample
 import train
 from conftest import (TEXT, FIXTURE, run_cli, one_line_error, ByteTokenizer, fixture_weights, fixture_logits,
-                      models_made)
+                      models_made, compressed)
 
 
 def test_gpt2_from_state_dict_computes_the_logits_transformers_computed():
@@ -284,6 +284,12 @@ def as_bin_without(name):
     return change
 
 
+def compressed_bin(folder):
+    """A pytorch_model.bin of the fixture's weights, its records compressed as a hand-made file's may be."""
+    torch.save(fixture_weights(), folder / "pytorch_model.bin")
+    compressed(folder / "pytorch_model.bin")
+
+
 @pytest.mark.parametrize("damage, match", [
     (lambda folder: os.remove(folder / "config.json"), "config.json (No such file or directory))"),
     (lambda folder: (folder / "config.json").write_text("{not json"), "(JSONDecodeError: "),
@@ -407,6 +413,8 @@ class Malicious:
     (lambda folder: (os.remove(folder / "model.safetensors"),
                      torch.save({"x": Malicious()}, folder / "pytorch_model.bin")),
      "pytorch_model.bin holds code or objects, or is a plain pickle, not tensors as torch.save writes them"),
+    (lambda folder: (os.remove(folder / "model.safetensors"), compressed_bin(folder)),
+     "pytorch_model.bin is not loaded: its record pytorch_model/data.pkl is compressed, which torch.save never"),
     (lambda folder: (os.remove(folder / "model.safetensors"),
                      torch.save(fixture_weights(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)),
      None),  # an old raw pickle: loaded, with no warning beside the one line on the missing data
