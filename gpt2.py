@@ -42,6 +42,8 @@ def from_state_dict(state_dict, n_head=None):
     names it too)."""
     weights = {}
     for key, w in state_dict.items():
+        if not isinstance(key, str):
+            raise ValueError(f"its weights are named by a {type(key).__name__}, not by names")
         # GPT-2's Conv1D layers store their weights (in, out); nn.Linear's are (out, in).
         conv1d = key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
         # Older files also hold each layer's causal mask: a constant, which attention computes.
@@ -71,6 +73,11 @@ def from_state_dict(state_dict, n_head=None):
                for key, w in weights.items()}
     if "wte.weight" not in weights or "wpe.weight" not in weights:
         raise ValueError("not GPT-2's weights: wte.weight or wpe.weight is missing")
+    # A table of rows each: the model's sizes are read off them.
+    for name in ("wte.weight", "wpe.weight"):
+        if weights[name].ndim != 2:
+            raise ValueError(f"not GPT-2's weights: {name} has the shape {tuple(weights[name].shape)}, not "
+                             f"(rows, n_embd)")
     vocab_size, n_embd = weights["wte.weight"].shape
     n_layer = len({key.split(".")[1] for key in weights if key.startswith("h.")})
     config = gpt.GPTConfig(vocab_size=vocab_size, block_size=len(weights["wpe.weight"]),
@@ -79,7 +86,10 @@ def from_state_dict(state_dict, n_head=None):
                            bigram=0)
     # The output layer is the token embedding, tied, which some files hold a second time.
     head = weights.get("lm_head.weight", weights["wte.weight"])
-    if head.shape != weights["wte.weight"].shape or not torch.equal(head, weights["wte.weight"]):
+    # Equal where both hold the same NaN too: a NaN is the finite check's to name, not the tie's.
+    tied = head.shape == weights["wte.weight"].shape and torch.allclose(
+        head, weights["wte.weight"], rtol=0, atol=0, equal_nan=True)
+    if not tied:
         raise ValueError("lm_head.weight is not wte.weight, and GPT-2 ties the two")
     weights["lm_head.weight"] = weights["wte.weight"]
     # First where a model takes no memory: a small file's names and shapes may make a config of
@@ -179,9 +189,12 @@ def tensor_span(path, name, entry, data_size):
     a type it has, a shape of whole numbers, and a byte range inside the data whose length is the
     shape's size times the type's."""
     damaged = f"{path} is damaged: tensor {name}"
-    if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:
-        raise ValueError(f"{damaged} has no type of the format's")
-    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    kind = entry.get("dtype") if isinstance(entry, dict) else None
+    # A str: a list or a dict would be no key to look up.
+    if not (isinstance(kind, str) and kind in SAFETENSORS_DTYPES):
+        raise ValueError(f"{damaged} has the type {shown(kind)}, none of the format's this reads "
+                         f"({', '.join(SAFETENSORS_DTYPES)})")
+    dtype = SAFETENSORS_DTYPES[kind]
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     whole = isinstance(shape, list) and len(shape) <= 8 and all(type(n) is int and n >= 0 for n in shape)
@@ -258,6 +271,10 @@ def read_weights(folder):
     except pickle.UnpicklingError:
         raise ValueError(f"{path} holds code or objects, or is a plain pickle, not tensors as "
                          f"torch.save writes them, so it is not loaded") from None
+    # What torch.load's unpickler says of a text, or of an empty file.
+    except (EOFError, LookupError, ValueError, TypeError) as e:
+        raise ValueError(f"{path} is no file torch.save writes ({type(e).__name__} reading it), so it is "
+                         f"not loaded") from None
     if not (isinstance(weights, dict) and all(torch.is_tensor(w) for w in weights.values())):
         raise ValueError(f"{path} holds no state dict of tensors")
     return weights

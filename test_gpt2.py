@@ -284,6 +284,15 @@ def as_bin_without(name):
     return change
 
 
+def bin_of(change):
+    """(folder) -> the folder with a pytorch_model.bin of the fixture's weights, changed by change, in place of its
+    model.safetensors."""
+    def damage(folder):
+        os.remove(folder / "model.safetensors")
+        torch.save(change(fixture_weights()), folder / "pytorch_model.bin")
+    return damage
+
+
 def compressed_bin(folder):
     """A pytorch_model.bin of the fixture's weights, its records compressed as a hand-made file's may be."""
     torch.save(fixture_weights(), folder / "pytorch_model.bin")
@@ -357,7 +366,10 @@ def safetensors_bytes(header, data):
     ({"a": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, b"\0" * 4, "not at most 8 whole numbers"),
     ({"__metadata__": [1], "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4,
      "its __metadata__ is not a JSON object"),
-    ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "has no type of the format's"),
+    ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8,
+     "tensor a has the type \"Q4\", none of the format's this reads (F64, F32, F16, BF16, I64"),
+    ({"a": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "has the type [\"F32\"], none"),
+    ({"a": {"dtype": "U16", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "has the type \"U16\", none"),
     ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, "8"]}}, b"\0" * 8, "not two whole numbers"),
     ([1, 2], b"", "its header is not a JSON object"),
 ])
@@ -413,6 +425,17 @@ class Malicious:
     (lambda folder: (os.remove(folder / "model.safetensors"),
                      torch.save({"x": Malicious()}, folder / "pytorch_model.bin")),
      "pytorch_model.bin holds code or objects, or is a plain pickle, not tensors as torch.save writes them"),
+    (bin_of(lambda w: {**w, 7: w["transformer.wte.weight"]}), "its weights are named by a int, not by names"),
+    (bin_of(lambda w: {**w, "transformer.wte.weight": w["transformer.wte.weight"][0]}),
+     "wte.weight has the shape (64,), not (rows, n_embd)"),
+    (bin_of(lambda w: {**w, "transformer.wpe.weight": torch.tensor(1.0)}), "wpe.weight has the shape (), not"),
+    # Without an lm_head a file's NaN is said as one, not as a head that is not its embedding.
+    (bin_of(lambda w: {k: v.fill_(float("nan")) if "wte" in k else v for k, v in w.items() if "lm_head" not in k}),
+     "its weights hold NaN or inf"),
+    (lambda folder: (os.remove(folder / "model.safetensors"), (folder / "pytorch_model.bin").write_text("e" * 50)),
+     "pytorch_model.bin is no file torch.save writes (IndexError reading it)"),
+    (lambda folder: (os.remove(folder / "model.safetensors"), (folder / "pytorch_model.bin").write_bytes(b"")),
+     "pytorch_model.bin is no file torch.save writes (EOFError reading it)"),
     (lambda folder: (os.remove(folder / "model.safetensors"), compressed_bin(folder)),
      "pytorch_model.bin is not loaded: its record pytorch_model/data.pkl is compressed, which torch.save never"),
     (lambda folder: (os.remove(folder / "model.safetensors"),
