@@ -116,7 +116,8 @@ def layer_gradients(forward, backward, inputs, params, seed=0):
     dout = np.random.default_rng(seed).standard_normal(np.shape(out))
     returned = backward(np.copy(dout), saved)
     if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[1], dict)):
-        raise ValueError("a backward returns a pair: (dx, {parameter's name: its gradient})")
+        raise ValueError(f"a backward returns a pair, (dx, {{parameter's name: its gradient}}), "
+                         f"not a {type(returned).__name__}")
     dx, dparams = returned
     # One input's dx on its own; several inputs' as a tuple.
     dxs = list(dx) if len(inputs) > 1 else [dx]

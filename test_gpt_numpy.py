@@ -369,7 +369,8 @@ def test_check_layer_answers_as_the_table_does():
     assert re.fullmatch(r"x: ok \(\d\.\de-\d\d, at most 1e-06\)", repr(right)), repr(right)
     assert repr(wrong).startswith("x: WRONG (") and "shape (4,), not x's (4, 5)" in repr(raised)
     [unpaired] = workbook.check_layer(lambda x: (x ** 3, x), lambda dout, x: dout * 3 * x ** 2, x)  # no dparams
-    assert "ERROR (ValueError: a backward returns a pair: (dx, {" in repr(unpaired), repr(unpaired)
+    said = "ERROR (ValueError: a backward returns a pair, (dx, {parameter's name: its gradient}), not a ndarray ("
+    assert said in repr(unpaired), repr(unpaired)
 
 
 def test_check_runs_where_torch_cannot_be_imported():
@@ -434,11 +435,11 @@ def test_a_backward_that_raises_names_its_layer_and_line_on_every_row_it_touches
 
 @pytest.mark.parametrize("name, broken, says", [
     ("crossentropy_backward", lambda dloss, saved: ((saved[0] - np.eye(saved[0].shape[-1])[saved[1]]) * dloss, {}),
-     "crossentropy: dx .* WRONG  off by a factor of 15$"),  # the 1/N of N = 15 positions dropped
+     "crossentropy: dx .* WRONG  15 times the right one$"),  # the 1/N of N = 15 positions dropped
     ("softmax_backward", lambda dout, p: (-p * (dout - (dout * p).sum(-1, keepdims=True)), {}),
-     "softmax: dx .* WRONG  the sign$"),
+     "softmax: dx .* WRONG  the sign flipped$"),
     ("gelu_backward", lambda dout, saved, right=gpt_numpy.gelu_backward: (0.5 * right(dout, saved)[0], {}),
-     "gelu: dx .* WRONG  off by a factor of 0.5$"),
+     "gelu: dx .* WRONG  0.5 times the right one$"),
     ("rmsnorm_backward", lambda dout, saved: (2 * saved[1] * dout * saved[2],
                                               {"weight": (dout * saved[0]).sum((0, 1))}),
      r"rmsnorm: dx .* WRONG  \d+ of 120 entries differ, the most at \[\d, \d, \d\]: ours -?[\d.]+(e[-+]\d+)? vs "
@@ -735,7 +736,7 @@ def test_a_float64_gradient_is_held_to_1e_6_and_one_computed_in_float32_to_float
     assert [(r.verdict, r.tolerance) for r in rows.values()] == [("ok", workbook.FLOAT32_TOLERANCE)] * 3
     # Off by 1%: a slip in float32 too.
     rows = check_linear(in_float32(off(1.01)))
-    assert rows["weight"].verdict == "WRONG" and "off by a factor of 1.01" in str(rows["weight"]), rows
+    assert rows["weight"].verdict == "WRONG" and "1.01 times the right one" in str(rows["weight"]), rows
     # GPT.backward's intermediates computed in float32 are close to the reference's; a sign in float32 differs.
     twin = imported(with_the_workbook(tmp_path) / "gpt_numpy.py")
     for name in [n for n in dir(twin) if n.endswith("_backward")]:
@@ -1553,9 +1554,16 @@ def test_the_twin_demo_shows_a_texts_and_a_paths_escapes_and_marks_escaped(tmp_p
     assert_one_line(run_main(capsys, str(path)), f"{tmp_path}/a\\x1b[2Jtext\\u202e has 5 characters")
 
 
+def test_check_takes_a_layer_by_its_functions_name_too(capsys):
+    by_table = run_main(capsys, "--check", "rmsnorm")
+    assert by_table.returncode == 0 and "rmsnorm: dx" in by_table.stdout, by_table.stdout
+    assert run_main(capsys, "--check", "RMSNorm_backward").stdout == by_table.stdout
+
+
 def test_a_mode_refuses_an_input_it_would_ignore(capsys):
     for args, says in ((["--check", "input.txt"], "--check trains nothing"),
                        (["--check", ""], "table names it ('linear', "),  # an empty name is no check, nor all of them
+                       (["--check", "attn"], "--check checks every row, or a layer's named as its table names it ("),
                        (["--exercise", "1", "--seconds", "5"], "--exercise trains nothing"),
                        (["--check", "--exercise", "1"], "--check and --exercise are two modes: give one")):
         assert_one_line(run_main(capsys, *args), says, code=2)

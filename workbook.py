@@ -217,15 +217,15 @@ def compared(name, ours, reference, tolerance, scale=None, versus="finite differ
 
 
 def factor_of(ours, reference):
-    """"the sign" or "off by a factor of F" when ours is the right one times a constant, to within
-    the differences' own error; else None. A factor of about 1 says nothing."""
+    """"the sign flipped" or "F times the right one" when ours is the right one times a constant, to
+    within the differences' own error; else None. A factor of about 1 says nothing."""
     norm = reference @ reference
     if not norm > 0:
         return None
     factor = (ours @ reference) / norm
     close = np.abs(ours - factor * reference).max() <= 1e-5 * np.abs(ours).max()
     if close and abs(factor - 1) > 1e-3:
-        return "the sign" if abs(factor + 1) < 1e-6 else f"off by a factor of {factor:.4g}"
+        return "the sign flipped" if abs(factor + 1) < 1e-6 else f"{factor:.4g} times the right one"
     return None
 
 
@@ -1520,11 +1520,16 @@ def main(argv=None, twin=gpt_numpy):
         sys.exit(0 if train_beside(twin) else 1)
     if args.intermediates and args.check is None:
         parser.error("--intermediates goes with --check (or --check NAME)")
-    # True for --check alone; any name given, "" too, must be a table's.
+    # True for --check alone; any name given, "" too, must be a table's, or its function's.
+    if isinstance(args.check, str):
+        layer = args.check.lower().removesuffix("_backward")
+        args.check = layer if layer in CHECKS else args.check
     if isinstance(args.check, str) and args.check not in CHECKS:
         names = ", ".join(f"'{name}'" for name in CHECKS)
-        parser.error(f"--check trains nothing: it checks every row, or a layer's named as its "
-                     f"table names it ({names}); not {args.check!r}")
+        # A text given to it was meant for the training.
+        what = "trains nothing: it " if os.path.exists(args.check) else ""
+        parser.error(f"--check {what}checks every row, or a layer's named as its table names it "
+                     f"({names}); not {args.check!r}")
     mode = "--check" if args.check else "--exercise" if args.exercise is not None else None
     if mode is not None and (args.path is not None or args.seconds is not None):
         parser.error(f"{mode} trains nothing: a text and --seconds go with the training alone")
