@@ -476,7 +476,8 @@ def check_layer(forward, backward, x, seed=0, tolerance=1e-6, twin=gpt_numpy, **
                                         f"(its parameters: {', '.join(params) or 'none'})"))
     for row in rows:
         if changed and row.raised is None:
-            row.problem = f"{changed[0]} (its caller reads it again: compute into a new array)"
+            row.problem = (f"{changed[0]} (a caller may read it again, as the residual stream's does: "
+                           f"compute into a new array)")
     return rows
 
 
