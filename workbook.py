@@ -1318,7 +1318,7 @@ def exercise_source(source, number):
     """The learner's copy of source (gpt_numpy.py) for write exercise number: its functions' bodies
     and derivations gone, a note where each derivation was."""
     ex = exercises()[number - 1]
-    yours = (f"the lines that set {' and '.join(ex['lines'])} are yours" if ex.get("lines") else
+    yours = (f"the code that sets {' and '.join(ex['lines'])} is yours" if ex.get("lines") else
              "its body is yours")
     note = (f"{{name}}: {yours} to write, from the rules and the forward. Hints, one more "
             f"each time: python gpt_numpy.py --exercise {number} --hint; its derivation and its "
