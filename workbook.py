@@ -1297,9 +1297,11 @@ def exercise_text(number, answer=False, path=None):
     if not answer:
         question = ("Predict, before you run it: which layer rows of python gpt_numpy.py --check "
                     "turn WRONG (or ERROR), which of the two models, gpt2 and llama, get rows "
-                    "that do, and which of their tensors? Then run the check on your copy.")
+                    "that do, and which of their tensors? Then run the check on your copy: python "
+                    "mine.py --check.")
         return (f"Exercise {number} of {len(found)}: {ex['title']}\n\n"
-                f"In your copy of gpt_numpy.py, in {ex['function']}, change the line\n"
+                f"In your copy of gpt_numpy.py (cp gpt_numpy.py mine.py), in {ex['function']}, "
+                f"change the line\n"
                 f"    {ex['change']}\nto\n    {ex['to']}\n\n{textwrap.fill(question, 96)}\n"
                 f"The answer: {lesson} --exercise {number} --answer")
     rows = ", ".join(f"{name} ({verdict})" for name, verdict in ex["rows"].items()) or "none"
