@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
 import gpt
 import report
 import sample
@@ -114,9 +115,16 @@ def test_the_report_of_a_checkpoint_without_its_options_takes_the_models(tmp_pat
     assert report_page(tmp_path / "out").count('<svg class="attention"') == 2
 
 
-def test_a_report_that_cannot_be_written_says_the_checkpoint_is_saved_and_leaves_no_temporary_file(tmp_path, capsys):
+def test_a_report_that_cannot_be_written_says_the_checkpoint_is_saved_and_leaves_no_temporary_file(tmp_path, capsys,
+                                                                                                    monkeypatch):
     flags = tiny_flags(tmp_path)
-    os.makedirs(tmp_path / "out" / "report.html")  # a folder where the page goes
+    checked = checkpoint.check_out_dir
+
+    def then_a_folder(*args, **kwargs):  # one there at the start is refused then
+        checked(*args, **kwargs)
+        os.makedirs(tmp_path / "out" / "report.html")  # a folder where the page goes, made while the run trains
+
+    monkeypatch.setattr(checkpoint, "check_out_dir", then_a_folder)
     message = one_line_error(capsys, train, *flags)
     assert re.search(r"cannot write .*report\.html \(Is a directory\): the report was not written; iteration 8 is "
                      r"saved in .*ckpt\.pt$", message), message
