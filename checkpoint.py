@@ -37,8 +37,12 @@ def need_checkpoint(path):
         return
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint file at {path}: train one first with python train.py")
-    raise ValueError(f"no checkpoint file at {path} (it is a folder, a pipe or a device, not a file): pass --out_dir "
-                     f"the folder of a run")
+    what = "a device or a socket"
+    if os.path.isdir(path):
+        what = "a folder"
+    elif stat.S_ISFIFO(os.stat(path).st_mode):
+        what = "a pipe"
+    raise ValueError(f"no checkpoint file at {path} (it is {what}, not a file): pass --out_dir the folder of a run")
 
 
 def load(path, device):
@@ -604,7 +608,7 @@ def check_out_dir(out_dir, resume=False, data_path=None):
     try:
         os.makedirs(out_dir, exist_ok=True)
         report = os.path.join(out_dir, "report.html")
-        # Found now, not when the run ends and writes its report.
+        # Found at the start, not when the run ends and writes its report.
         for name in (path, path + ".tmp", os.path.join(out_dir, "train.lock"), report):
             if os.path.isdir(name):
                 target = report if name == report else path

@@ -83,7 +83,7 @@ def zip_fault(path):
             records = archive.infolist()
             packed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
             if packed:
-                return (f"its record {packed[0]} is compressed, which torch.save never does: it is "
+                return (f"its record {packed[0]!r} is compressed, which torch.save never does: it is "
                         f"hand-made, and could unpack to far more memory than the file's size")
             # torch.serialization.set_crc32_options(False) writes every checksum as 0: none to check.
             if not any(r.CRC for r in records):
@@ -91,7 +91,7 @@ def zip_fault(path):
             damaged = archive.testzip()
     except zipfile.BadZipFile:
         return None
-    return None if damaged is None else f"its record {damaged} fails its checksum: the file is damaged"
+    return None if damaged is None else f"its record {damaged!r} fails its checksum: the file is damaged"
 
 
 def text_chunks(path):

@@ -62,6 +62,9 @@ def agree_on_setup(error, trainer, rank, world):
         # Every process has what all of them told before any raises, and leaves the group.
         dist.barrier()
     except RuntimeError as e:
+        # This process's own fault is its to say, whatever became of the others.
+        if error is not None:
+            raise error from None
         # A process that stopped while setting up (killed, out of memory loading its weights).
         lost = lost_peer(e, None, rank, world)
         if lost is None:

@@ -25,6 +25,8 @@ import cli
 import data
 import gpt
 
+# What a file of weights that are not all finite numbers is refused with.
+NOT_FINITE = "its weights hold NaN or inf (in float32): the file is damaged"
 # GPT-2's four sizes, as the Hugging Face hub names them.
 SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 # The tensor types of a .safetensors file, by the names its header gives them.
@@ -43,7 +45,7 @@ def from_state_dict(state_dict, n_head=None):
     weights = {}
     for key, w in state_dict.items():
         if not isinstance(key, str):
-            raise ValueError(f"its weights are named by a {type(key).__name__}, not by names")
+            raise ValueError(f"its weights are named by {type(key).__name__} keys, not by names")
         # GPT-2's Conv1D layers store their weights (in, out); nn.Linear's are (out, in).
         conv1d = key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
         # Older files also hold each layer's causal mask: a constant, which attention computes.
@@ -85,11 +87,12 @@ def from_state_dict(state_dict, n_head=None):
                            bias=True, norm="layernorm", pos="learned", mlp="gelu", tie_weights=True,
                            bigram=0)
     # The output layer is the token embedding, tied, which some files hold a second time.
-    head = weights.get("lm_head.weight", weights["wte.weight"])
-    # Equal where both hold the same NaN too: a NaN is the finite check's to name, not the tie's.
-    tied = head.shape == weights["wte.weight"].shape and torch.allclose(
-        head, weights["wte.weight"], rtol=0, atol=0, equal_nan=True)
-    if not tied:
+    wte = weights["wte.weight"]
+    head = weights.get("lm_head.weight", wte)
+    if head is not wte and not (head.shape == wte.shape and torch.equal(head, wte)):
+        # A NaN is unequal even to itself: said as what it is, not as a head untied.
+        if not (head.isfinite().all() and wte.isfinite().all()):
+            raise ValueError(NOT_FINITE)
         raise ValueError("lm_head.weight is not wte.weight, and GPT-2 ties the two")
     weights["lm_head.weight"] = weights["wte.weight"]
     # First where a model takes no memory: a small file's names and shapes may make a config of
@@ -189,10 +192,12 @@ def tensor_span(path, name, entry, data_size):
     a type it has, a shape of whole numbers, and a byte range inside the data whose length is the
     shape's size times the type's."""
     damaged = f"{path} is damaged: tensor {name}"
-    kind = entry.get("dtype") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict):
+        raise ValueError(f"{damaged} is described by {shown(entry)}, not a JSON object")
+    kind = entry.get("dtype")
     # A str: a list or a dict would be no key to look up.
     if not (isinstance(kind, str) and kind in SAFETENSORS_DTYPES):
-        raise ValueError(f"{damaged} has the type {shown(kind)}, none of the format's this reads "
+        raise ValueError(f"{path}: tensor {name} has the type {shown(kind)}, none this reads "
                          f"({', '.join(SAFETENSORS_DTYPES)})")
     dtype = SAFETENSORS_DTYPES[kind]
     shape = entry.get("shape")
@@ -316,7 +321,7 @@ def load(source, device=""):
         model = from_state_dict(read_weights(folder), n_head=n_head)
         # In float32, as the model holds them: a float64 of 1e300 is inf there.
         if not all(w.isfinite().all() for w in model.parameters()):
-            raise ValueError("its weights hold NaN or inf (in float32): the file is damaged")
+            raise ValueError(NOT_FINITE)
         differ = [f"{name} {shown(value)} (the tensors' {getattr(model.config, name)})"
                   for name, value in said.items() if value != getattr(model.config, name)]
         if differ:

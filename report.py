@@ -9,6 +9,7 @@ which rebuilds it from any evaluated checkpoint and its text). The pictures are 
 attention maps in them small PNG images: the page fetches nothing and runs no script.
 """
 import base64
+import contextlib
 import html
 import math
 import os
@@ -394,7 +395,8 @@ def write(path, text):
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-        if os.path.isfile(path):
+        # As far as the file system lets it: one that takes no chmod still takes the page.
+        with contextlib.suppress(OSError):
             shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:

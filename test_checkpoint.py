@@ -511,8 +511,8 @@ def test_a_checkpoint_of_compressed_records_is_refused_before_any_is_unpacked(tm
     compressed(path)
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("torch.load unpacked it"))
     message = one_line_error(capsys, sample, "--out_dir", str(tmp_path / "out"))
-    assert f"{path} is not a checkpoint this gpt.py can load (ValueError: its record archive/data.pkl is compressed, " \
-           f"which torch.save never does" in message, message
+    assert f"{path} is not a checkpoint this gpt.py can load (ValueError: its record 'archive/data.pkl' is " \
+           f"compressed, which torch.save never does" in message, message
 
 
 def test_a_byte_changed_on_the_disk_is_refused_by_its_records_checksum(tmp_path, capsys, trained_dir):
@@ -527,7 +527,7 @@ def test_a_byte_changed_on_the_disk_is_refused_by_its_records_checksum(tmp_path,
         raw[record.header_offset + 28:record.header_offset + 30], "little")
     raw[start + record.file_size // 2] ^= 0x10  # one bit of a weight: it would still load and train
     path.write_bytes(raw)
-    says = f"{path} is not a checkpoint this gpt.py can load (ValueError: its record {record.filename} fails its "
+    says = f"{path} is not a checkpoint this gpt.py can load (ValueError: its record {record.filename!r} fails its "
     for module, args in [(train, [*tiny_flags(tmp_path, max_iters=4), "--resume"]),
                          (sample, ["--out_dir", str(tmp_path / "out")])]:
         message = one_line_error(capsys, module, *args)

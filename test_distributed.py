@@ -154,6 +154,8 @@ def test_a_process_lost_while_the_processes_set_up_is_one_line_and_any_other_err
         distributed.agree_on_setup(None, None, 1, 2)
     assert str(failed.value) == ("process 1 of 2 lost touch with the others while setting up (Connection closed by "
                                  "peer [127.0.0.1]:5555): another process stopped") and failed.value.shown
+    with pytest.raises(ValueError, match="^its own fault$"):  # a process's own fault is still its to say
+        distributed.agree_on_setup(ValueError("its own fault"), None, 1, 2)
     def bug(*args):
         raise RuntimeError("a bug's own words")
 

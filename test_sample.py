@@ -64,10 +64,9 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
                                "text"),  # a prompt is never token ids
     (["--device", "tpu"], "unknown or not on this machine"),
     (["--out_dir", "FOLDER"], "no checkpoint file at"),
-    (["--out_dir", "CKPT_FOLDER"], "ckpt.pt (it is a folder, a pipe or a device, not a file): pass --out_dir the "
-                                   "folder of a run"),  # ckpt.pt is a folder
-    (["--out_dir", "CKPT_PIPE"], "ckpt.pt (it is a folder, a pipe or a device, not a file)"),  # read, it would hang
-    (["--out_dir", "CKPT_DEVICE"], "ckpt.pt (it is a folder, a pipe or a device, not a file)"),
+    (["--out_dir", "CKPT_FOLDER"], "ckpt.pt (it is a folder, not a file): pass --out_dir the folder of a run"),
+    (["--out_dir", "CKPT_PIPE"], "ckpt.pt (it is a pipe, not a file)"),  # read, it would hang
+    (["--out_dir", "CKPT_DEVICE"], "ckpt.pt (it is a device or a socket, not a file)"),
     # torch's message cut to its first sentence: the rest suggests weights_only=False, no help for a file of junk
     (["--out_dir", "CORRUPT"], "can load (UnpicklingError: Weights only load failed.); train a new one"),
     (["--out_dir", "MISFIT"], "is not a checkpoint this gpt.py can load (RuntimeError: Error(s) in loading "

@@ -746,8 +746,15 @@ def recorded(twin, config, params, idx, targets):
     finally:
         for name, function in kept.items():
             setattr(twin, name, function)
-    # back() keys each dout as it calls the layer's backward: the calls and the keys go in step.
-    layers = list(douts) if len(douts) == len(calls) else [name for name, _, _ in calls]
+    # back() keys each dout as it hands it to the layer's backward: each call is named by the key
+    # of the dout it was given, in order (two layers may be handed one array), else by its function.
+    layers = [name for name, _, _ in calls]
+    at = 0
+    for key, value in douts.items():
+        given = [n for n in range(at, len(calls)) if calls[n][1] is value]
+        if given:
+            layers[given[0]] = key
+            at = given[0] + 1
     found = []
     for layer, (name, dout, returned) in zip(layers, calls):
         found.append((layer, "dout", own_precision(dout)))
@@ -1632,8 +1639,8 @@ def demo(twin, data, chars, stoi, path, seconds):
     step = 0
     elapsed = last_report = 0.0
     try:
-        # One step at least. The clock read once a step: the last step of a run of a second or
-        # more always says where it got to.
+        # One step at least. The clock is read once a step, so that the step that ends a run of a
+        # second or more always says where it got to.
         while step == 0 or elapsed < seconds:
             _, loss = model.forward(*batch(data[:n]))
             optimizer.step(model.backward())
@@ -1642,7 +1649,7 @@ def demo(twin, data, chars, stoi, path, seconds):
                       f"ln({len(chars)}) = {math.log(len(chars)):.3f})", flush=True)
             step += 1
             elapsed = time.time() - t0
-            if elapsed - last_report >= max(seconds / 10, 1):
+            if elapsed >= 1 and (elapsed - last_report >= max(seconds / 10, 1) or elapsed >= seconds):
                 ms = elapsed / step * 1000
                 print(f"{elapsed:.0f} s: step {step}, loss {loss:.3f}, {ms:.0f} ms/step",
                       flush=True)
