@@ -1,6 +1,7 @@
 """Reading the data a run trains on: a UTF-8 text of any size as one token per character, or a file
 of token ids (nanoGPT's train.bin), each checked where it arrives so that bad data is refused in one
-line before anything is built."""
+line before anything is built. Also the checks of a file from outside that checkpoint.py and gpt2.py
+share: a regular file (check_file), and a zip file as torch.save writes one (zip_fault)."""
 import codecs
 import hashlib
 import os
