@@ -239,10 +239,10 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     # An OSError made here, (errno, message): the message, without its "[Errno N]".
     if isinstance(error, OSError) and error.strerror and error.filename is None:
         text = error.strerror
-    # A path or a name given with a control character (a newline, a carriage return, a terminal's
-    # escape) is shown escaped: the message stays one line, and the terminal is not driven.
+    # A path or a name given with a control or format character (a newline, a terminal's escape, a
+    # mark that turns the line) is shown escaped: the message stays one line, the terminal undriven.
     if isinstance(error, (ValueError, OSError)):
-        return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc"
+        return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf")
                        else c for c in text)
     # torch.compile's, with --compile.
     if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):

@@ -130,17 +130,23 @@ def attention_line(tokenizer, val, block_size, device):
     head = [int(i) for i in val[:4 * T]]
     if len(newline) == 1 and newline[0] in head[:3 * T]:
         start = head.index(newline[0]) + 1
+    # A newline that ends the held-out text has no line after it.
+    if start == len(head):
+        start = 0
     return torch.tensor([head[start:start + T]], device=device)
 
 
 # Unicode's controls, lone surrogates and non-characters, which a page would act on or fail to parse,
-# and the marks that turn a line's direction, which would show a sample other than it is.
-UNSEEN = ("Cc", "Cs", "Cn")
-TURNS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# and its format characters, unseen: the marks that turn a line's direction, which would show a sample
+# other than it is, and those that hide text in plain sight (tags, a zero-width space, a soft hyphen).
+UNSEEN = ("Cc", "Cf", "Cs", "Cn")
+# The two format characters that join what is seen, in a word of many scripts or an emoji, and hide
+# nothing.
+JOINERS = "\u200c\u200d"
 
 
 def visible(text):
-    """text with each character of UNSEEN (but a line's end and the tab) or TURNS written as its
+    """text with each character of UNSEEN (but a line's end, the tab and JOINERS) written as its
     escape, as \\x1b."""
     return "".join(c.encode("unicode_escape").decode("ascii") if hidden(c) else c for c in text)
 
@@ -153,9 +159,9 @@ def printer(*args):
 
 def hidden(c):
     """Whether visible() writes c as its escape."""
-    if c in "\n\r\t":
+    if c in "\n\r\t" or c in JOINERS:
         return False
-    return c in TURNS or unicodedata.category(c) in UNSEEN
+    return unicodedata.category(c) in UNSEEN
 
 
 def labels(tokenizer, ids):
@@ -184,8 +190,19 @@ def nice_ticks(low, high, count=5):
     return [round(first + i * step, 12) for i in range(round((last - first) / step) + 1)]
 
 
-def number(value):
-    return f"{value:.4g}"
+# The most points a chart's line is drawn through, and the most that get a dot each.
+MAX_DRAWN = 1000
+MAX_DOTS = 200
+
+
+def numbers(ticks):
+    """The ticks as the axis writes them: four significant digits, or as many more as tell them apart
+    (4.17430 beside 4.17440)."""
+    for digits in range(4, 16):
+        said = [f"{t:.{digits}g}" for t in ticks]
+        if len(set(said)) == len(said):
+            break
+    return said
 
 
 def chart(title, x_label, y_label, series, right=None, right_label="", right_scale=None,
@@ -213,21 +230,22 @@ def chart(title, x_label, y_label, series, right=None, right_label="", right_sca
            f'role="img" aria-label="{html.escape(title)}">',
            f'<text x="{left}" y="16" class="title">{html.escape(title)}</text>',
            f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
-    for t in x_ticks:
+    for t, said in zip(x_ticks, numbers(x_ticks)):
         px, _ = place(t, y_lo, y_lo, y_hi)
         out.append(f'<line x1="{px:.1f}" y1="{top}" x2="{px:.1f}" y2="{top + plot_h}" class="grid"/>')
         out.append(f'<text x="{px:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">'
-                   f'{number(t)}</text>')
-    for t in y_ticks:
+                   f'{said}</text>')
+    for t, said in zip(y_ticks, numbers(y_ticks)):
         _, py = place(x_lo, t, y_lo, y_hi)
         out.append(f'<line x1="{left}" y1="{py:.1f}" x2="{left + plot_w}" y2="{py:.1f}" class="grid"/>')
-        out.append(f'<text x="{left - 6}" y="{py + 4:.1f}" class="tick" text-anchor="end">{number(t)}</text>')
+        out.append(f'<text x="{left - 6}" y="{py + 4:.1f}" class="tick" text-anchor="end">{said}</text>')
     if right_scale:
         # Round numbers of the right axis's own unit, placed where the left axis has them.
-        for t in nice_ticks(y_lo * right_scale, y_hi * right_scale):
+        ticks = nice_ticks(y_lo * right_scale, y_hi * right_scale)
+        for t, said in zip(ticks, numbers(ticks)):
             if y_lo <= t / right_scale <= y_hi:
                 _, py = place(x_lo, t / right_scale, y_lo, y_hi)
-                out.append(f'<text x="{left + plot_w + 6}" y="{py + 4:.1f}" class="tick">{number(t)}</text>')
+                out.append(f'<text x="{left + plot_w + 6}" y="{py + 4:.1f}" class="tick">{said}</text>')
     out.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" class="label" text-anchor="middle">'
                f'{html.escape(x_label)}</text>')
     out.append(f'<text transform="translate(14 {top + plot_h / 2}) rotate(-90)" class="label" '
@@ -238,21 +256,26 @@ def chart(title, x_label, y_label, series, right=None, right_label="", right_sca
         r_ticks = nice_ticks(min(y for _, y in ps), max(y for _, y in ps))
         r_lo, r_hi = r_ticks[0], r_ticks[-1]
         drawn.append((name, ps, r_lo, r_hi))
-        for t in r_ticks:
+        for t, said in zip(r_ticks, numbers(r_ticks)):
             _, py = place(x_lo, t, r_lo, r_hi)
             out.append(f'<text x="{left + plot_w + 6}" y="{py + 4:.1f}" class="tick" '
-                       f'fill="{COLOURS[name]}">{number(t)}</text>')
+                       f'fill="{COLOURS[name]}">{said}</text>')
     if right or right_scale:
         out.append(f'<text transform="translate({width - 10} {top + plot_h / 2}) rotate(90)" '
                    f'class="label" text-anchor="middle">{html.escape(right_label)}</text>')
     for i, (name, ps, lo, hi) in enumerate(drawn):
         placed = [place(x, y, lo, hi) for x, y in ps]
         colour = COLOURS.get(name, "#333")
-        path = " ".join(f"{px:.1f},{py:.1f}" for px, py in placed)
+        # A few points a pixel at most, the last always: a run evaluated every step draws a page of
+        # kilobytes, not of its evaluations' count; a dot each only where they can be told apart.
+        every = math.ceil(len(placed) / MAX_DRAWN)
+        line = placed[::every] + ([placed[-1]] if (len(placed) - 1) % every else [])
+        path = " ".join(f"{px:.1f},{py:.1f}" for px, py in line)
         dash = ' stroke-dasharray="5 3"' if right and i == len(drawn) - 1 else ""
         out.append(f'<polyline class="series {name}" data-points="{len(ps)}" points="{path}" '
                    f'stroke="{colour}"{dash}/>')
-        out += [f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="{colour}"/>' for px, py in placed]
+        if len(placed) <= MAX_DOTS:
+            out += [f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="{colour}"/>' for px, py in placed]
         out.append(f'<text x="{left + plot_w - 8 - 48 * (len(drawn) - 1 - i)}" y="16" class="legend" '
                    f'fill="{colour}" text-anchor="end">{html.escape(name)}</text>')
     out.append("</svg>")
@@ -340,10 +363,14 @@ def page(model, tokenizer, history, val, tc, by_position, sample, figures):
     losses = [(split, [(it, h[split]) for it, h in steps]) for split in ("train", "val")]
     by_seconds = [(split, [(h["seconds"], h[split]) for h in history]) for split in ("train", "val")]
     per_position = [(i, float(v)) for i, v in enumerate(by_position)]
-    tokens_per_s = figures["tokens_per_step"] * it / max(elapsed, 1e-9)
+    # Read over the steps since the evaluation before the last: a resume may have changed the tokens a
+    # step, and figures give the last ones.
+    since = history[-2] if len(history) > 1 and history[-2]["iter"] < it else {"iter": 0, "seconds": 0.0}
+    steps_read = it - since["iter"]
+    tokens_per_s = figures["tokens_per_step"] * steps_read / max(elapsed - since["seconds"], 1e-9)
+    processes = f"{figures['processes']} process{'es' if figures['processes'] > 1 else ''}"
     run_rows = [("steps", f"{it:,}"), ("training time", f"{elapsed:.0f} s"),
-                ("tokens per second", f"{tokens_per_s:,.0f} ({figures['processes']} process"
-                                      f"{'es' if figures['processes'] > 1 else ''})"),
+                ("tokens per second", f"{tokens_per_s:,.0f} over the last {steps_read:,} steps ({processes})"),
                 ("parameters", f"{n_params:,}"), ("last val loss", f"{history[-1]['val']:.4f}")]
     if getattr(tokenizer, "chars", None) is not None:
         run_rows.append(("bits per character", f"{history[-1]['val'] / math.log(2):.3f}"))
@@ -411,6 +438,11 @@ def make(model, tokenizer, history, val, tc, out_dir, figures, log):
     the page, out_dir/report.html (none for ""), whose path it returns. An OSError says the page was
     not written. The model is left in eval mode."""
     by_position = loss_by_position(model, val, tc)
+    # A model that gives a next token no chance at all (hand-made weights) has no loss to draw there.
+    if not by_position.isfinite().all():
+        at = int((~by_position.isfinite()).nonzero()[0])
+        raise ValueError(f"the model's val loss at position {at} is {float(by_position[at])}: it gives "
+                         f"some next token no chance at all, so the report cannot draw it")
     log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one token of context, all "
         f"a bigram model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
     sample = closing_sample(model, tokenizer, val)

@@ -157,3 +157,10 @@ def test_a_field_a_copier_adds_gets_a_flag_and_gpt_pys_check(capsys, monkeypatch
     with pytest.raises(SystemExit):
         train.parse_args(["--help"])
     assert "--beta3 BETA3" in capsys.readouterr().out  # no help declared, still a flag
+
+
+def test_a_message_shows_a_names_controls_and_format_characters_as_escapes():
+    # A name from a file (a tokenizer's, a weight's) may hold a terminal's escape, a line break or a mark that turns
+    # the line; the message stays one line, and shows what is there.
+    said = cli.one_line(ValueError("tokenizer ev\u202eil\x1b[2J\nname\U000e0041"))
+    assert said == "tokenizer ev\\u202eil\\x1b[2J\\nname\\U000e0041", said

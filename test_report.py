@@ -1,4 +1,5 @@
 """Tests of report.py: the page train.py and sample.py write, and the progress line of a run."""
+import math
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ import gpt
 import report
 import sample
 import train
+import workbook
 from conftest import HANG, HERE, SWITCHES, TEXT, tiny_model, tiny_flags, one_line_error, hand_made
 
 
@@ -135,6 +137,71 @@ def test_a_report_that_cannot_be_written_says_the_checkpoint_is_saved_and_leaves
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "report.html", "train.lock"]
 
 
+def test_tokens_per_second_are_read_over_the_last_stretch_of_the_run(tmp_path, capsys, trained_dir):
+    def resumed(ckpt):  # 400 steps of 1 token in 1 s; then, resumed with 2,048 tokens a step, 10 in 0.5 s
+        ckpt["train_config"].update(batch_size=16, block_size=16, grad_accum=8)
+        ckpt["history"] = [dict(ckpt["history"][-1], iter=400, seconds=1.0),
+                           dict(ckpt["history"][-1], iter=410, seconds=1.5)]
+    hand_made(trained_dir, tmp_path / "out", resumed)
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt")])
+    page = report_page(tmp_path / "out")
+    assert "<th>tokens per second</th><td>40,960 over the last 10 steps (1 process)</td>" in page, page
+
+
+def test_a_run_of_many_evaluations_draws_a_page_of_bounded_size(tmp_path, capsys, trained_dir):
+    last = {}
+
+    def evaluated_every_step(ckpt):
+        last.update(ckpt["history"][-1])
+        ckpt["history"] = [dict(last, iter=i, seconds=i / 100, train=2 + 1 / i, val=2.1 + 1 / i)
+                           for i in range(1, 20_001)]
+    hand_made(trained_dir, tmp_path / "out", evaluated_every_step)
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    sample.main(["--report", "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data.txt")])
+    page = report_page(tmp_path / "out")
+    # Train and val by step and by time, and the rate beside them: each through 1,001 points at most, the last
+    # evaluation's among them, and no dot.
+    assert len(page) < 1_000_000 and page.count('data-points="20000"') == 5, len(page)
+    lines = re.findall(r'data-points="20000" points="([^"]*)"', page)
+    xs = [[float(point.split(",")[0]) for point in points.split()] for points in lines]
+    assert all(len(x) <= report.MAX_DRAWN + 1 and x[-1] == max(x) > x[-2] for x in xs), [len(x) for x in xs]
+    assert page.count("<circle") < report.MAX_DOTS  # the loss by position's alone
+
+
+def test_an_axis_writes_its_ticks_with_as_many_digits_as_tell_them_apart():
+    assert report.numbers([0.5, 1.0, 1.5]) == ["0.5", "1", "1.5"]
+    ticks = report.nice_ticks(4.17430, 4.17445)
+    assert len(set(report.numbers(ticks))) == len(ticks) > 2, report.numbers(ticks)
+    ticks = report.nice_ticks(123456789, 123456799)
+    assert report.numbers(ticks)[:2] == ["123456788", "123456790"], report.numbers(ticks)
+    svg = report.chart("t", "x", "y", [("val", [(0, 4.17430), (1, 4.17445)])])
+    said = re.findall(r'class="tick" text-anchor="end">([^<]*)<', svg)
+    assert len(set(said)) == len(said) > 2, said
+
+
+def test_the_attention_maps_line_is_the_first_tokens_where_the_held_out_texts_one_newline_ends_it():
+    tokenizer = gpt.CharTokenizer("abcdefghijklmnop\n")
+    val = torch.tensor(tokenizer.encode("abcdefghijklmnop\n"))  # nothing after its newline
+    line = report.attention_line(tokenizer, val, 16, torch.device("cpu"))
+    assert line.tolist() == [tokenizer.encode("abcdefghijklmnop")]
+    val = torch.tensor(tokenizer.encode("abc\ndefg"))  # a line after it: that line
+    assert report.attention_line(tokenizer, val, 16, torch.device("cpu")).tolist() == [tokenizer.encode("defg")]
+
+
+def test_a_model_that_gives_a_token_no_chance_has_no_report_and_says_so_in_one_line(tmp_path, capsys, trained_dir,
+                                                                                  monkeypatch):
+    real = report.loss_by_position
+    def infinite_at_3(*args):
+        return real(*args).index_fill(0, torch.tensor([3]), math.inf)
+
+    monkeypatch.setattr(report, "loss_by_position", infinite_at_3)
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    message = one_line_error(capsys, sample, "--report", "--out_dir", trained_dir, "--data", str(tmp_path / "data.txt"))
+    assert message.endswith("the model's val loss at position 3 is inf: it gives some next token no chance at all, "
+                            "so the report cannot draw it"), message
+
+
 def test_a_page_written_over_a_file_keeps_that_files_permissions(tmp_path):
     path = tmp_path / "report.html"
     path.write_text("old", encoding="utf-8")
@@ -200,6 +267,11 @@ def test_the_page_shows_controls_and_marks_that_turn_text_as_escapes(tmp_path, c
     assert report.visible("a\tb\r\nc\ud800\ufffe\u00e9") == "a\tb\r\nc\\ud800\\ufffe\u00e9"
     family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # joined as one: a mark of text, not of direction
     assert report.visible(family) == family and report.labels(None, [5]) == ["5"]
+    # Text hidden in plain sight (a tag character, a zero-width space, a byte-order mark, a soft hyphen) is shown;
+    # the non-joiner that shapes a word of many scripts is not.
+    hiding = "a\U000e0041b\u200bc\ufeffd\u00ade\u200cf"
+    assert report.visible(hiding) == "a\\U000e0041b\\u200bc\\ufeffd\\xade\u200cf"
+    assert workbook.visible(hiding) == report.visible(hiding) and workbook.visible(family) == family
 
 
 def test_train_py_and_the_report_show_an_out_dirs_controls_as_escapes(tmp_path, capsys):

@@ -1411,15 +1411,12 @@ def seconds_type(text):
     return value
 
 
-# The marks that turn the direction of the text after them, as a terminal shows it.
-TURNS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
 def visible(text):
-    """text with its control characters (but a line's end and the tab) and its bidirectional marks
-    written as escapes, as \\x1b: a text's characters, or a path given, may hold a terminal's escape."""
+    """text with its control and format characters (but a line's end, the tab and the two joiners)
+    written as escapes, as \\x1b: a text's characters, or a path given, may hold a terminal's escape,
+    a mark that turns the line's direction, or text hidden in tags. As report.visible has it."""
     return "".join(c.encode("unicode_escape").decode("ascii")
-                   if c not in "\n\r\t" and (unicodedata.category(c) in ("Cc", "Cs", "Cn") or c in TURNS)
+                   if c not in "\n\r\t\u200c\u200d" and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Cn")
                    else c for c in text)
 
 
