@@ -374,11 +374,11 @@ def recorded_config(ckpt, path, config, device, advice):
 
 
 # ---------------------------------------------------------------------------------------------- the data
-def data_as_recorded(ckpt, data_file, path, advice, its_own=False):
+def data_as_recorded(ckpt, data_file, path, advice, its_own=False, log=None):
     """data_file (a data.DataFile) read as the run of the checkpoint at path read its data: a .bin
     given without --dtype in the ids' type the checkpoint records. The file the run trained on (its
     size and fingerprint) read otherwise is refused in one line that ends with advice; with its_own
-    (a report), any other file too."""
+    (a report), any other file too. Another file named by --data is said to log, where given."""
     recorded = ckpt.get("data")
     if recorded is None or not isinstance(data_file, data.DataFile):
         return data_file
@@ -398,6 +398,9 @@ def data_as_recorded(ckpt, data_file, path, advice, its_own=False):
     # A report's figures of another text would stand beside the run's own losses, as if its own.
     if other and its_own:
         raise ValueError(f"{not_its_own}: give --data the file it trained on, as it was then")
+    # A run may go on with other data, as a user asks; never without saying so.
+    if other and log is not None:
+        log(f"{not_its_own}: it goes on with this one")
     if data.is_ids(data_file) and data_file.dtype is None and was in data.ID_DTYPES:
         data_file = dataclasses.replace(data_file, dtype=was)
     now = (data_file.dtype or "uint16") if data.is_ids(data_file) else "text"

@@ -119,7 +119,10 @@ def test_a_resume_with_data_left_out_takes_input_txt_only_where_the_run_trained_
                        "since changed), which --data reads when it is left out: give --data the file it trained on "
                        "(or --data input.txt to go on with this one)"), message
     assert (tmp_path / "out" / "ckpt.pt").read_bytes() == kept
+    capsys.readouterr()
     train.main([*flags, "--out_dir", "out", "--resume", "--max_iters", "4", "--data", "input.txt"])  # named: taken
+    assert ("out/ckpt.pt was not trained on input.txt as it is now (another file, or this one since changed): it goes "
+            "on with this one\n") in capsys.readouterr().out  # and said
     train.main([*flags, "--out_dir", "out", "--resume", "--max_iters", "6", "--data", "mine.txt"])
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 6
     train.main([*flags, "--out_dir", "own"])  # a run of input.txt resumes without --data
@@ -630,6 +633,22 @@ def test_a_run_stopped_in_its_last_step_or_evaluation_ends_on_resume_as_it_would
     capsys.readouterr()
     train.main([*flags, "--resume"])  # ended now: nothing more to train
     assert "nothing to train: " in capsys.readouterr().out
+
+
+def test_a_finished_run_says_which_bound_to_raise(tmp_path, capsys, trained_dir):
+    def timed_out(ckpt):  # a run timed by --max_time 1, its clock past it
+        ckpt["train_config"]["max_time"] = 1.0
+        ckpt["elapsed"] = 2.0
+    hand_made(trained_dir, tmp_path / "timed", timed_out)
+    (tmp_path / "data.txt").write_text(TEXT, encoding="utf-8")
+    train.main(["--resume", "--out_dir", str(tmp_path / "timed"), "--data", str(tmp_path / "data.txt")])
+    out = capsys.readouterr().out
+    assert re.search(r"nothing to train: .*timed/ckpt\.pt is at iteration 2; raise --max_time to go on\n", out), out
+    hand_made(trained_dir, tmp_path / "steps", lambda ckpt: None)  # a run by steps, at its --max_iters
+    train.main(["--resume", "--out_dir", str(tmp_path / "steps"), "--data", str(tmp_path / "data.txt")])
+    out = capsys.readouterr().out
+    assert re.search(r"nothing to train: .*steps/ckpt\.pt is at iteration 2; raise --max_iters or --max_time to go "
+                     r"on\n", out), out
 
 
 def test_a_device_named_with_its_index_trains_resumes_and_samples(tmp_path, capsys):

@@ -131,7 +131,7 @@ def set_up(tc, device, data_file, given, resume, init_from, rank, log):
     if resume and not data.is_ids(data_file):
         checkpoint.needs_tokenizer(tokenizer, path, ": resume it on the same ids, --data FILE.bin")
     if resume:
-        data_file = checkpoint.data_as_recorded(ckpt, data_file, path, "train without --resume")
+        data_file = checkpoint.data_as_recorded(ckpt, data_file, path, "train without --resume", log=log)
     ids, tokenizer = data.read_data(data_file, tokenizer)
     # The vocabulary: the model's; a text's tokenizer's, which makes a --vocab_size given ignored, as
     # the model options are on --resume; else --vocab_size, or the largest id + 1.
@@ -172,10 +172,9 @@ class Stopped(Exception):
 
 @contextlib.contextmanager
 def signals_caught(urgent=lambda: False):
-    """While training, a stopping signal only joins the list this yields, so that the step under way
-    finishes whole and can be saved. A second one, or one while urgent() (an evaluation, the
-    report), raises Stopped at once. Handlers can be set only in the main thread; elsewhere the
-    signals keep theirs."""
+    """While training, a stopping signal only joins the list this yields, so that the step under way finishes
+    whole and can be saved. A second one, or one while urgent() (an evaluation, the report), raises Stopped
+    at once. Handlers can be set only in the main thread; elsewhere the signals keep theirs."""
     caught = []
 
     def on_signal(signum, frame):
@@ -326,7 +325,8 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
     tc = trainer.tc
     path = checkpoint.path_in(tc.out_dir)
     if ended:
-        log(f"nothing to train: {path} is at iteration {trainer.it}; raise --max_iters or --max_time to go on")
+        bound = "--max_time" if tc.max_time else "--max_iters or --max_time"
+        log(f"nothing to train: {path} is at iteration {trainer.it}; raise {bound} to go on")
         return None
     saved = f"saved iteration {trainer.it} to {path}" if tc.out_dir else "trained; no --out_dir"
     # A stop is bounded: sample.py --report writes the report later, from an evaluated checkpoint.
