@@ -162,17 +162,17 @@ def check_used(tc, given):
 
 
 # ---------------------------------------------------------------------------------------------- output
-def diverged(trainer):
-    """What a loss that is not finite says: where, and each option that can make training diverge,
-    without guessing which one did."""
-    tc = trainer.tc
-    muon = f", --muon_lr {tc.muon_lr:g}" if tc.optimizer == "muon" else ""
-    kept = f"; the last checkpoint in {tc.out_dir} is left as it was" if tc.out_dir else ""
-    return (f"the training loss is {trainer.loss.item()} at iteration {trainer.it}: training diverged. "
-            f"Too high a --learning_rate {tc.learning_rate:g}{muon} or --weight_decay "
-            f"{tc.weight_decay:g}, too short a --warmup_iters {tc.warmup_iters}, --grad_clip "
-            f"{tc.grad_clip:g} (0: off), or starting weights too large (a checkpoint's, GPT-2's) can "
-            f"cause it{kept}")
+# Unicode's controls, lone surrogates and non-characters, which a page would act on or fail to parse, and
+# the marks that turn a line's direction, which would show a text other than it is.
+UNSEEN = ("Cc", "Cs", "Cn")
+TURNS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def hidden(c):
+    """Whether a page or a terminal shows c as its escape (report.visible): tags hide text in plain sight."""
+    if c in "\n\r\t":
+        return False
+    return c in TURNS or unicodedata.category(c) in UNSEEN or "\U000e0000" <= c <= "\U000e007f"
 
 
 def printable_stdout():
@@ -239,11 +239,11 @@ def one_line(error, advice="use a smaller model, --batch_size or --block_size"):
     # An OSError made here, (errno, message): the message, without its "[Errno N]".
     if isinstance(error, OSError) and error.strerror and error.filename is None:
         text = error.strerror
-    # A path or a name given with a control or format character (a newline, a terminal's escape, a
-    # mark that turns the line) is shown escaped: the message stays one line, the terminal undriven.
+    # A path or a name given with a line's end or what hidden() says (a terminal's escape, a mark that
+    # turns the line) is shown escaped: the message stays one line, and the terminal is not driven.
     if isinstance(error, (ValueError, OSError)):
-        return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf")
-                       else c for c in text)
+        return "".join(c.encode("unicode_escape").decode("ascii") if hidden(c) or c in "\n\r\t" else c
+                       for c in text)
     # torch.compile's, with --compile.
     if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
         return f"torch.compile failed ({first}): train without --compile"

@@ -130,38 +130,22 @@ def attention_line(tokenizer, val, block_size, device):
     head = [int(i) for i in val[:4 * T]]
     if len(newline) == 1 and newline[0] in head[:3 * T]:
         start = head.index(newline[0]) + 1
-    # A newline that ends the held-out text has no line after it.
-    if start == len(head):
+    # A newline near the held-out text's end has no line after it to show.
+    if len(head) - start < min(T, start):
         start = 0
     return torch.tensor([head[start:start + T]], device=device)
 
 
-# Unicode's controls, lone surrogates and non-characters, which a page would act on or fail to parse,
-# and its format characters, unseen: the marks that turn a line's direction, which would show a sample
-# other than it is, and those that hide text in plain sight (tags, a zero-width space, a soft hyphen).
-UNSEEN = ("Cc", "Cf", "Cs", "Cn")
-# The two format characters that join what is seen, in a word of many scripts or an emoji, and hide
-# nothing.
-JOINERS = "\u200c\u200d"
-
-
 def visible(text):
-    """text with each character of UNSEEN (but a line's end, the tab and JOINERS) written as its
-    escape, as \\x1b."""
-    return "".join(c.encode("unicode_escape").decode("ascii") if hidden(c) else c for c in text)
+    """text with each character cli.hidden says written as its escape, as \\x1b: its controls but a
+    line's end and the tab, lone surrogates, non-characters, the marks that turn a line and tags."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if cli.hidden(c) else c for c in text)
 
 
 def printer(*args):
     """cli.printer, each argument with its controls and marks written as visible() writes them: a path
     given, or a text's characters, may hold a terminal's escape."""
     cli.printer(*(visible(str(arg)) for arg in args))
-
-
-def hidden(c):
-    """Whether visible() writes c as its escape."""
-    if c in "\n\r\t" or c in JOINERS:
-        return False
-    return unicodedata.category(c) in UNSEEN
 
 
 def labels(tokenizer, ids):
@@ -195,6 +179,21 @@ MAX_DRAWN = 1000
 MAX_DOTS = 200
 
 
+def thinned(placed):
+    """placed, [(px, py)] in x's order, through MAX_DRAWN points at most: of each run of them, the
+    highest and the lowest, in order, so that no spike is lost; the last always. A run evaluated
+    every step draws a page of kilobytes, not of its evaluations' count."""
+    if len(placed) <= MAX_DRAWN:
+        return placed
+    size = math.ceil(2 * len(placed) / MAX_DRAWN)
+    kept = []
+    for run in (placed[i:i + size] for i in range(0, len(placed), size)):
+        heights = [py for _, py in run]
+        extremes = {heights.index(min(heights)), heights.index(max(heights))}
+        kept += [run[j] for j in sorted(extremes)]
+    return kept if kept[-1] == placed[-1] else kept + [placed[-1]]
+
+
 def numbers(ticks):
     """The ticks as the axis writes them: four significant digits, or as many more as tell them apart
     (4.17430 beside 4.17440)."""
@@ -207,9 +206,10 @@ def numbers(ticks):
 
 def chart(title, x_label, y_label, series, right=None, right_label="", right_scale=None,
           width=520, height=300):
-    """An SVG line chart. series: [(name, [(x, y), ...])], a dot at every point, coloured as
-    COLOURS; right: one more series on a scale of its own, on the right; right_scale instead labels
-    the right axis with the left's values times it (bits beside nats)."""
+    """An SVG line chart. series: [(name, [(x, y), ...])], a dot at every point (but where there are
+    more than MAX_DOTS), coloured as COLOURS; right: one more series on a scale of its own, on the
+    right; right_scale instead labels the right axis with the left's values times it (bits beside
+    nats)."""
     left, top, bottom, gap = 58, 28, 42, 58
     plot_w = width - left - gap
     plot_h = height - top - bottom
@@ -266,11 +266,7 @@ def chart(title, x_label, y_label, series, right=None, right_label="", right_sca
     for i, (name, ps, lo, hi) in enumerate(drawn):
         placed = [place(x, y, lo, hi) for x, y in ps]
         colour = COLOURS.get(name, "#333")
-        # A few points a pixel at most, the last always: a run evaluated every step draws a page of
-        # kilobytes, not of its evaluations' count; a dot each only where they can be told apart.
-        every = math.ceil(len(placed) / MAX_DRAWN)
-        line = placed[::every] + ([placed[-1]] if (len(placed) - 1) % every else [])
-        path = " ".join(f"{px:.1f},{py:.1f}" for px, py in line)
+        path = " ".join(f"{px:.1f},{py:.1f}" for px, py in thinned(placed))
         dash = ' stroke-dasharray="5 3"' if right and i == len(drawn) - 1 else ""
         out.append(f'<polyline class="series {name}" data-points="{len(ps)}" points="{path}" '
                    f'stroke="{colour}"{dash}/>')
@@ -365,12 +361,16 @@ def page(model, tokenizer, history, val, tc, by_position, sample, figures):
     per_position = [(i, float(v)) for i, v in enumerate(by_position)]
     # Read over the steps since the evaluation before the last: a resume may have changed the tokens a
     # step, and figures give the last ones.
-    since = history[-2] if len(history) > 1 and history[-2]["iter"] < it else {"iter": 0, "seconds": 0.0}
+    since = {"iter": 0, "seconds": 0.0}
+    # A hand-made history may stand still or run back: then the whole run.
+    if len(history) > 1 and history[-2]["iter"] < it and history[-2]["seconds"] < elapsed:
+        since = history[-2]
     steps_read = it - since["iter"]
     tokens_per_s = figures["tokens_per_step"] * steps_read / max(elapsed - since["seconds"], 1e-9)
     processes = f"{figures['processes']} process{'es' if figures['processes'] > 1 else ''}"
+    stretch = f"the last {steps_read:,} steps" if steps_read > 1 else "the last step"
     run_rows = [("steps", f"{it:,}"), ("training time", f"{elapsed:.0f} s"),
-                ("tokens per second", f"{tokens_per_s:,.0f} over the last {steps_read:,} steps ({processes})"),
+                ("tokens per second", f"{tokens_per_s:,.0f} over {stretch} ({processes})"),
                 ("parameters", f"{n_params:,}"), ("last val loss", f"{history[-1]['val']:.4f}")]
     if getattr(tokenizer, "chars", None) is not None:
         run_rows.append(("bits per character", f"{history[-1]['val'] / math.log(2):.3f}"))
@@ -438,11 +438,12 @@ def make(model, tokenizer, history, val, tc, out_dir, figures, log):
     the page, out_dir/report.html (none for ""), whose path it returns. An OSError says the page was
     not written. The model is left in eval mode."""
     by_position = loss_by_position(model, val, tc)
-    # A model that gives a next token no chance at all (hand-made weights) has no loss to draw there.
+    # Hand-made weights may give a next token no chance at all, or overflow (NaN): no loss to draw.
     if not by_position.isfinite().all():
         at = int((~by_position.isfinite()).nonzero()[0])
-        raise ValueError(f"the model's val loss at position {at} is {float(by_position[at])}: it gives "
-                         f"some next token no chance at all, so the report cannot draw it")
+        why = "its outputs overflow" if by_position[at].isnan() else "it gives some next token no chance at all"
+        raise ValueError(f"the model's val loss at position {at} is {float(by_position[at])}: {why}, so the "
+                         f"report cannot draw it")
     log(f"what context buys: val loss {by_position[0]:.3f} at position 0 (one token of context, all "
         f"a bigram model has) against {by_position[-1]:.3f} at position {len(by_position) - 1}")
     sample = closing_sample(model, tokenizer, val)
@@ -458,6 +459,19 @@ def make(model, tokenizer, history, val, tc, out_dir, figures, log):
 
 
 # ------------------------------------------------------------------------------------ the progress line
+def diverged(trainer):
+    """What a loss that is not finite says: where, and each option that can make training diverge,
+    without guessing which one did."""
+    tc = trainer.tc
+    muon = f", --muon_lr {tc.muon_lr:g}" if tc.optimizer == "muon" else ""
+    kept = f"; the last checkpoint in {tc.out_dir} is left as it was" if tc.out_dir else ""
+    return (f"the training loss is {trainer.loss.item()} at iteration {trainer.it}: training diverged. "
+            f"Too high a --learning_rate {tc.learning_rate:g}{muon} or --weight_decay "
+            f"{tc.weight_decay:g}, too short a --warmup_iters {tc.warmup_iters}, --grad_clip "
+            f"{tc.grad_clip:g} (0: off), or starting weights too large (a checkpoint's, GPT-2's) can "
+            f"cause it{kept}")
+
+
 class Progress:
     """The progress line: loss, learning rate, the steps' own time (the evaluations between them
     left out), and the ETA."""

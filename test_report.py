@@ -167,6 +167,10 @@ def test_a_run_of_many_evaluations_draws_a_page_of_bounded_size(tmp_path, capsys
     xs = [[float(point.split(",")[0]) for point in points.split()] for points in lines]
     assert all(len(x) <= report.MAX_DRAWN + 1 and x[-1] == max(x) > x[-2] for x in xs), [len(x) for x in xs]
     assert page.count("<circle") < report.MAX_DOTS  # the loss by position's alone
+    # No spike is thinned away: the highest and lowest of each run of points are kept.
+    flat = [(x, 2.0) for x in range(3000)]
+    flat[1234] = (1234, 9.0)
+    assert (1234, 9.0) in report.thinned(flat) and len(report.thinned(flat)) <= report.MAX_DRAWN + 1
 
 
 def test_an_axis_writes_its_ticks_with_as_many_digits_as_tell_them_apart():
@@ -267,10 +271,10 @@ def test_the_page_shows_controls_and_marks_that_turn_text_as_escapes(tmp_path, c
     assert report.visible("a\tb\r\nc\ud800\ufffe\u00e9") == "a\tb\r\nc\\ud800\\ufffe\u00e9"
     family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # joined as one: a mark of text, not of direction
     assert report.visible(family) == family and report.labels(None, [5]) == ["5"]
-    # Text hidden in plain sight (a tag character, a zero-width space, a byte-order mark, a soft hyphen) is shown;
-    # the non-joiner that shapes a word of many scripts is not.
-    hiding = "a\U000e0041b\u200bc\ufeffd\u00ade\u200cf"
-    assert report.visible(hiding) == "a\\U000e0041b\\u200bc\\ufeffd\\xade\u200cf"
+    # Tag characters, which hide text in plain sight, are shown; the format characters of words (a zero-width space
+    # between Thai words, a byte-order mark, a soft hyphen, a non-joiner) are not.
+    hiding = "a\U000e0041\U000e007fb\u200bc\ufeffd\u00ade\u200cf"
+    assert report.visible(hiding) == "a\\U000e0041\\U000e007fb\u200bc\ufeffd\u00ade\u200cf"
     assert workbook.visible(hiding) == report.visible(hiding) and workbook.visible(family) == family
 
 

@@ -270,7 +270,7 @@ def drive(trainer, log, log_interval, compile, rank, world):
                 stop, diverged = distributed.agree(trainer, max(caught, default=0), world,
                                                    check or world > 1)
                 if diverged:
-                    raise distributed.Failed(cli.diverged(trainer), shown=rank == 0)
+                    raise distributed.Failed(report.diverged(trainer), shown=rank == 0)
                 if logged or stop:
                     log(progress.line(trainer.loss.item()))
                 if stop:

@@ -1411,13 +1411,18 @@ def seconds_type(text):
     return value
 
 
+# The marks that turn the direction of the text after them, as a terminal shows it.
+TURNS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 def visible(text):
-    """text with its control and format characters (but a line's end, the tab and the two joiners)
-    written as escapes, as \\x1b: a text's characters, or a path given, may hold a terminal's escape,
-    a mark that turns the line's direction, or text hidden in tags. As report.visible has it."""
-    return "".join(c.encode("unicode_escape").decode("ascii")
-                   if c not in "\n\r\t\u200c\u200d" and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Cn")
-                   else c for c in text)
+    """text with its controls (but a line's end and the tab), lone surrogates, non-characters, the
+    marks that turn a line and tag characters written as escapes, as \\x1b: a text's characters, or
+    a path given, may hold a terminal's escape, or text hidden in plain sight. As report.visible,
+    whose rule (cli.hidden) this side may not import: it never imports torch."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if c not in "\n\r\t" and (
+        unicodedata.category(c) in ("Cc", "Cs", "Cn") or c in TURNS or "\U000e0000" <= c <= "\U000e007f")
+        else c for c in text)
 
 
 def read_text(path, block_size):
