@@ -16,7 +16,6 @@ import os
 import shutil
 import struct
 import time
-import unicodedata
 import zlib
 
 import torch

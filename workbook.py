@@ -1675,7 +1675,6 @@ def train_beside(twin, steps=120, log=print):
     and with the reference's. Logs both losses; returns whether twin's matched the reference's at
     every step. Plain steps, not AdamW's: AdamW divides each gradient by its own size, so a
     gradient off by a constant factor would train as the right one does."""
-    function = learners_function(twin)
     exercise = learners_exercise(twin)
     # Every function whose body the learner wrote (an exercise may blank two), by the check of it.
     written = [exercise["function"], *exercise.get("with", [])] if exercise else []
