@@ -46,6 +46,8 @@ try:
     import time
     import unittest.mock
 
+    # NumPy before torch: a Ctrl-C inside torch's own import of it is swallowed, or breaks it.
+    import numpy
     import torch
 
     import cli

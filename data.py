@@ -43,7 +43,8 @@ def read_text(path, what="the data file", flag="--data"):
     """The UTF-8 text at path, whole, or one line that says why not and how to fix it."""
     check_file(path, what, flag)
     try:
-        with open(path, encoding="utf-8") as f:
+        # Its line ends as they are, as a text to train on is read: a CRLF text keeps its "\r".
+        with open(path, encoding="utf-8", newline="") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"

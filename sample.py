@@ -10,6 +10,8 @@ try:
     import itertools
     import math
 
+    # NumPy before torch: a Ctrl-C inside torch's own import of it is swallowed, or breaks it.
+    import numpy
     import torch
 
     import checkpoint
@@ -190,6 +192,8 @@ def main(argv=None):
         checkpoint.needs_tokenizer(tokenizer, path, ", so it cannot be decoded here: sample it from "
                                    "Python with your tokenizer (the README shows how)")
         start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else args.start
+        if start == "FILE:":
+            raise ValueError("--start FILE: names no file: give --start FILE:path, the path of a text")
         if start.startswith("FILE:"):
             start = data.read_text(start[5:], "the prompt file", "--start FILE:path to")
         if not start:

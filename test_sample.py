@@ -60,6 +60,9 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--start", "FILE:BINARY"], "(it is not UTF-8 text): pass --start FILE:path to a UTF-8 text file"),
     (["--start", "FILE:/dev/zero"], "(it is not a regular file)"),
     (["--start", "FILE:EMPTY"], "the prompt file"),
+    (["--start", "FILE:"], "--start FILE: names no file: give --start FILE:path, the path of a text"),
+    # Read as it is, as a text to train on is: a carriage return this model never saw is refused, not made a newline.
+    (["--start", "FILE:CR"], "characters not in the vocabulary: '\\r'"),
     (["--start", "FILE:NULS"], "holds NUL bytes, so it is binary data, not a text: pass --start FILE:path to a UTF-8 "
                                "text"),  # a prompt is never token ids
     (["--device", "tpu"], "unknown or not on this machine"),
@@ -95,6 +98,7 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "EMPTY").write_text("")
     (tmp_path / "NULS").write_text("ROMEO\0")
+    (tmp_path / "CR").write_bytes(b"ROMEO\rROMEO")
     os.makedirs(tmp_path / "FOLDER")
     os.makedirs(tmp_path / "CKPT_FOLDER" / "ckpt.pt")
     for name in ("CKPT_PIPE", "CKPT_DEVICE"):
@@ -114,7 +118,7 @@ def test_bad_sampling_input_is_one_line_and_prints_nothing(tmp_path, trained_dir
     hand_made(trained_dir, tmp_path / "HUGE_WEIGHTS",
               lambda ckpt: [w.fill_(3e38) for name, w in ckpt["model"].items() if "c_fc" in name])
     names = ("CKPT_FOLDER|CKPT_PIPE|CKPT_DEVICE|FOLDER|BINARY|CORRUPT|MISFIT|EMPTY_CKPT|EMPTY|TRUNCATED|FEW_CHARS|"
-             "NAN_WEIGHTS|HUGE_WEIGHTS|MISSING|NULS")
+             "NAN_WEIGHTS|HUGE_WEIGHTS|MISSING|NULS|CR")
     flags = [re.sub(names, lambda m: str(tmp_path / m.group(0)), f) for f in flags]
     message = one_line_error(capsys, sample, "--out_dir", trained_dir, *flags)
     # Only --data reads token ids from a .bin: no other option's refusal suggests one.
