@@ -58,7 +58,8 @@ def parse_args(argv=None):
                         help="sample only from the likeliest whose probability reaches p (default: all)")
     # The seed and the device take what training's do.
     rule = cli.option_rule("seed")
-    parser.add_argument("--seed", **{**rule, "help": f"{rule['help']} (default: {SAMPLING['seed']})"})
+    parser.add_argument("--seed", **{**rule, "help": f"seed of the draws: the same seed and options draw the "
+                                                     f"same samples (default: {SAMPLING['seed']})"})
     rule = cli.option_rule("device")
     parser.add_argument("--device", default="", **{**rule, "help": f"{rule['help']} (default: '')"})
     parser.add_argument("--report", action="store_true",

@@ -201,3 +201,12 @@ def test_a_samples_controls_print_as_escapes_and_never_drive_the_terminal(tmp_pa
     assert re.match(r"(\\x1b|\\x07|\\u202e){20}", closing), closing
     sample.main(["--out_dir", str(tmp_path / "out"), "--max_new_tokens", "30", "--num_samples", "1"])
     assert re.fullmatch(r"(\\x1b|\\x07|\\u202e){31}\n", capsys.readouterr().out)  # the prompt, then 30 drawn
+
+
+def test_the_seed_help_speaks_of_the_draws_sampling_takes(capsys):
+    """sample.py's --seed takes training's rule, and its own help: it seeds the draws, never weights or batches."""
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--help"])
+    said = " ".join(capsys.readouterr().out.split("options:")[1].split())
+    seed = said[said.index("--seed SEED"):said.index("--device DEVICE")]
+    assert "draws" in seed and "batches" not in seed and "(default: 1337)" in seed, seed
