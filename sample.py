@@ -1,7 +1,7 @@
 """Samples text from a trained GPT, printed as it is drawn: python sample.py --temperature 0.8.
 
     python sample.py --init_from gpt2 --start "..."   # GPT-2 itself (needs tiktoken or transformers)
-    python sample.py --report                         # writes out_dir/report.html again
+    python sample.py --report --data input.txt        # writes out_dir/report.html again
 See --help for every option.
 """
 import sys

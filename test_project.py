@@ -55,7 +55,7 @@ def test_the_readme_block_runs_in_a_folder_with_only_gpt_py_and_input_txt(tmp_pa
                      done.stdout), done.stdout  # trained
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 50  # saved
     sample_text = done.stdout.split("\n", 2)[2]
-    assert sample_text.startswith("ROMEO:") and len(sample_text) >= 206  # loaded and sampled
+    assert sample_text.startswith("Romeo.\n") and len(sample_text) >= 206  # loaded and sampled
     assert sorted(os.listdir(tmp_path)) == ["gpt.py", "input.txt", "out"]
 
 
