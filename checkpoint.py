@@ -30,6 +30,14 @@ def path_in(out_dir):
     return os.path.join(out_dir, gpt.CHECKPOINT)
 
 
+def saved(out_dir, it, then=""):
+    """What a run that ends or stops at iteration it says of its checkpoint: where it is, then how
+    to go on from it; or that there is none, as a run without an out_dir saves nothing."""
+    if not out_dir:
+        return "no --out_dir, so nothing is saved"
+    return f"saved iteration {it} to {path_in(out_dir)}{then}"
+
+
 # ---------------------------------------------------------------------------------------------- loading
 def need_checkpoint(path):
     """Refuses, in one line, a path that holds no checkpoint's file."""

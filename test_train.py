@@ -308,9 +308,28 @@ def test_a_signal_in_the_closing_phase_is_honoured_with_its_exit_status(tmp_path
     out = capsys.readouterr().out
     assert exit_info.value.code == 143, out
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 8
-    said = r"SIGTERM: (the report was cut short; iteration 8 is saved|(the evaluation was cut short; )?saved " \
-           r"iteration 8)"
+    # The report, cut short, can be written later from the checkpoint: the line says how.
+    later = r"the report was cut short; saved iteration 8 to .*ckpt.pt: python sample.py --report --data DATA writes it"
+    said = rf"SIGTERM: ({later}|(the evaluation was cut short; )?saved iteration 8)"
     assert re.search(said, out), out
+
+
+@pytest.mark.parametrize("where", ["report", "evaluation"])
+def test_a_signal_in_a_run_without_out_dir_says_that_nothing_is_saved(tmp_path, monkeypatch, capsys, where):
+    flags = [*tiny_flags(tmp_path), "--out_dir", ""]
+    if where == "report":
+        monkeypatch.setattr(report, "loss_by_position", lambda *args: signal.raise_signal(signal.SIGTERM))
+    else:  # in an evaluation's first forward, which ends at once
+        forward = gpt.GPT.forward
+        monkeypatch.setattr(gpt.GPT, "forward", lambda model, *args, **kwargs: (
+            model.training or signal.raise_signal(signal.SIGTERM), forward(model, *args, **kwargs))[1])
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(flags)
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 143, out
+    cut = "the report was cut short" if where == "report" else "the evaluation was cut short"
+    assert re.search(rf"\nSIGTERM: {cut}; no --out_dir, so nothing is saved\n", out), out
+    assert "ckpt.pt" not in out and "--resume" not in out and "sample.py" not in out, out
 
 
 def test_a_long_evaluation_runs_batch_by_batch_and_a_signal_ends_it_at_once(tmp_path, monkeypatch, capsys):
@@ -694,7 +713,7 @@ def test_a_run_stopped_after_an_evaluation_offers_the_report_that_sample_py_then
     signal_at(monkeypatch, 8)
     with pytest.raises(SystemExit):
         train.main([*flags, "--out_dir", ""])
-    assert re.search(r"SIGTERM: trained; no --out_dir; no report\n", capsys.readouterr().out)
+    assert re.search(r"SIGTERM: no --out_dir, so nothing is saved; no report\n", capsys.readouterr().out)
 
 
 def test_a_second_signal_exits_at_once_with_its_own_status_and_leaves_the_checkpoint(tmp_path, monkeypatch, capsys):

@@ -301,8 +301,8 @@ def cut_short(trainer, caught, log):
         if len(caught) > 1:
             return cut_short(trainer, caught, log)
         raise failure(e, trainer) from None
-    log(f"{signal.Signals(caught[-1]).name}: the evaluation was cut short; saved iteration {trainer.it} to "
-        f"{checkpoint.path_in(trainer.tc.out_dir)}; continue with --resume, which runs it first")
+    saved = checkpoint.saved(trainer.tc.out_dir, trainer.it, "; continue with --resume, which runs it first")
+    log(f"{signal.Signals(caught[-1]).name}: the evaluation was cut short; {saved}")
     return caught[-1]
 
 
@@ -328,12 +328,12 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
         bound = "--max_time" if tc.max_time else "--max_iters or --max_time"
         log(f"nothing to train: {path} is at iteration {trainer.it}; raise {bound} to go on")
         return None
-    saved = f"saved iteration {trainer.it} to {path}" if tc.out_dir else "trained; no --out_dir"
+    saved = checkpoint.saved(tc.out_dir, trainer.it)
     # A stop is bounded: sample.py --report writes the report later, from an evaluated checkpoint.
+    later = ": python sample.py --report --data DATA writes it" if trainer.history and tc.out_dir else ""
     if stop:
-        go_on = "; continue with --resume" if tc.out_dir else ""
-        later = ": python sample.py --report --data DATA writes it" if trainer.history and tc.out_dir else ""
-        log(f"{signal.Signals(stop).name}: {saved}{go_on}; no report{later}")
+        go_on = checkpoint.saved(tc.out_dir, trainer.it, "; continue with --resume")
+        log(f"{signal.Signals(stop).name}: {go_on}; no report{later}")
         return stop
     log(f"{saved} ({trainer.elapsed:.0f} s of training)")
     # The report shows the evaluations: a run stopped before its first has none to show.
@@ -350,7 +350,7 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
         page = report.make(trainer.model, trainer.tokenizer, trainer.history,
                            trainer.splits["val"], tc, tc.out_dir, figures, log)
     except Stopped as e:
-        log(f"{e}: the report was cut short; iteration {trainer.it} is saved in {path}")
+        log(f"{e}: the report was cut short; {saved}{later}")
         return e.signum
     except OSError as e:
         raise OSError(e.errno, f"{e.strerror}; iteration {trainer.it} is saved in {path}") from None
