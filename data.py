@@ -281,9 +281,11 @@ def check_block_size(block_size, data):
     """A block_size beyond the held-out tokens is refused, by its flag's name, before anything is
     built."""
     held_out = len(gpt.split(data)["val"])
+    # Under 2 tokens held out, no context is short enough: only more data fits.
+    fix = "lower --block_size, or give more data" if held_out > 1 else "give more data (11 tokens at least)"
     if block_size >= held_out:
         raise ValueError(f"--block_size {block_size} is too long for the {held_out} tokens held out "
-                         f"for validation (the last 10% of --data): lower --block_size, or give more")
+                         f"for validation (the last 10% of --data): {fix}")
 
 
 def check_fits(ids, vocab_size, block_size):

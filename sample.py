@@ -24,8 +24,10 @@ try:
 except KeyboardInterrupt:
     sys.exit(130)
 
-# An infinite temperature would flatten every distribution to a uniform draw: no use, and a slip.
-TEMPERATURE = cli.number(float, lambda t: 0 <= t < math.inf, "a finite number of at least 0")
+# A temperature past float32's largest (inf among them) would flatten every distribution to a
+# uniform draw, or to NaN: no use, and a slip.
+TEMPERATURE = cli.number(float, lambda t: 0 <= t <= torch.finfo(torch.float32).max,
+                         "a number from 0 to 3.4e38, float32's largest")
 
 
 # What a sample is drawn with where its flag is not given.

@@ -151,3 +151,13 @@ def test_a_text_with_a_nul_is_refused_at_the_chunk_that_holds_it_and_one_of_too_
     with pytest.raises(ValueError, match=r"^the data file .*t.txt has 11 distinct characters, more than the 10 a "
                                          r"run's vocabulary may hold: pass --data a text of fewer$"):
         data.encode_file(str(tmp_path / "t.txt"))
+
+
+def test_a_context_too_long_for_the_held_out_tokens_is_refused_with_the_fix_that_can_work():
+    """Lowering --block_size helps where 2 tokens or more are held out; under that only more data does, and the
+    least that fits is said: 11 tokens, the first with 2 held out."""
+    for n, block_size, fix in ((100, 10, "lower --block_size, or give more data"), (10, 1, "give more data")):
+        with pytest.raises(ValueError, match=f"--block_size {block_size} is too long for the .*: {fix}") as raised:
+            data.check_block_size(block_size, list(range(n)))
+        assert "lower" not in str(raised.value) or n == 100
+    data.check_block_size(1, list(range(11)))  # the least that fits, as the message says
