@@ -9,6 +9,7 @@ import sys
 try:
     import itertools
     import math
+    import os
 
     # NumPy before torch: a Ctrl-C inside torch's own import of it is swallowed, or breaks it.
     import numpy
@@ -87,6 +88,16 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, default)
     return args
+
+
+def typed(text):
+    """A command line's text as typed: bytes the locale did not read as characters (under LC_ALL=C,
+    all but ASCII) reach Python as surrogates, which give the bytes back to be read as UTF-8."""
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except UnicodeError as e:
+        raise ValueError(f"--start is not UTF-8 text (its byte {e.start + 1} cannot start or go on a "
+                         f"character): give it UTF-8, or a file of it, --start FILE:path") from None
 
 
 def encode_prompt(tokenizer, start):
@@ -194,7 +205,7 @@ def main(argv=None):
             draw_below(model, tokenizer.vocab_size)
         checkpoint.needs_tokenizer(tokenizer, path, ", so it cannot be decoded here: sample it from "
                                    "Python with your tokenizer (the README shows how)")
-        start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else args.start
+        start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else typed(args.start)
         if start == "FILE:":
             raise ValueError("--start FILE: names no file: give --start FILE:path, the path of a text")
         if start.startswith("FILE:"):

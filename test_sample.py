@@ -56,6 +56,9 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--seed", str(2 ** 63)], "argument --seed: seed must be in [0, 4294967295], not 9223372036854775808"),
     (["--start", "\u00e9"], "characters not in the vocabulary: '\u00e9'"),
     (["--start", ""], "--start is empty: give it a character or more"),
+    # Bytes the locale did not read come as surrogates: é's two under LC_ALL=C, and bytes that are no UTF-8.
+    (["--start", "RO\udcc3\udca9"], "characters not in the vocabulary: '\u00e9'"),
+    (["--start", "RO\udced\udca0\udc80"], "--start is not UTF-8 text (its byte 3 cannot start or go on a character)"),
     (["--start", "FILE:/no/such/file"], "cannot read the prompt file /no/such/file (No such file"),
     (["--start", "FILE:FOLDER"], "cannot read the prompt file"),
     (["--start", "FILE:BINARY"], "(it is not UTF-8 text): pass --start FILE:path to a UTF-8 text file"),
