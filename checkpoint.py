@@ -14,6 +14,7 @@ import errno
 import math
 import os
 import re
+import shlex
 import stat
 import warnings
 
@@ -36,6 +37,11 @@ def saved(out_dir, it, then=""):
     if not out_dir:
         return "no --out_dir, so nothing is saved"
     return f"saved iteration {it} to {path_in(out_dir)}{then}"
+
+
+def report_later(out_dir):
+    """The command that writes the report of the run in out_dir later, from its checkpoint."""
+    return f"python sample.py --report --out_dir {shlex.quote(out_dir)} --data DATA"
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -281,11 +281,12 @@ def check_block_size(block_size, data):
     """A block_size beyond the held-out tokens is refused, by its flag's name, before anything is
     built."""
     held_out = len(gpt.split(data)["val"])
-    # Under 2 tokens held out, no context is short enough: only more data fits.
-    fix = "lower --block_size, or give more data" if held_out > 1 else "give more data (11 tokens at least)"
+    # With 2 tokens or more held out, a shorter context fits too.
+    shorter = ", or lower --block_size" if held_out > 1 else ""
     if block_size >= held_out:
         raise ValueError(f"--block_size {block_size} is too long for the {held_out} tokens held out "
-                         f"for validation (the last 10% of --data): {fix}")
+                         f"for validation (the last 10% of --data): give {10 * block_size + 1:,} "
+                         f"tokens or more{shorter}")
 
 
 def check_fits(ids, vocab_size, block_size):

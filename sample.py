@@ -91,13 +91,16 @@ def parse_args(argv=None):
 
 
 def typed(text):
-    """A command line's text as typed: bytes the locale did not read as characters (under LC_ALL=C,
-    all but ASCII) reach Python as surrogates, which give the bytes back to be read as UTF-8."""
+    """A command line's text as typed. Bytes the locale did not read (all but ASCII under LC_ALL=C
+    with PYTHONUTF8=0; bytes that are no UTF-8 under a UTF-8 locale) reach Python as surrogates,
+    which give the bytes back: read as UTF-8, or refused."""
+    if not any("\udc80" <= c <= "\udcff" for c in text):
+        return text
     try:
         return os.fsencode(text).decode("utf-8")
     except UnicodeError as e:
-        raise ValueError(f"--start is not UTF-8 text (its byte {e.start + 1} cannot start or go on a "
-                         f"character): give it UTF-8, or a file of it, --start FILE:path") from None
+        raise ValueError(f"--start is not UTF-8 text (its bytes from byte {e.start + 1} are no character): "
+                         f"give it UTF-8, or a file of it, --start FILE:path") from None
 
 
 def encode_prompt(tokenizer, start):
@@ -205,11 +208,13 @@ def main(argv=None):
             draw_below(model, tokenizer.vocab_size)
         checkpoint.needs_tokenizer(tokenizer, path, ", so it cannot be decoded here: sample it from "
                                    "Python with your tokenizer (the README shows how)")
-        start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else typed(args.start)
+        start = tokenizer.decode(report.default_prompt(tokenizer)) if args.start is None else args.start
         if start == "FILE:":
             raise ValueError("--start FILE: names no file: give --start FILE:path, the path of a text")
         if start.startswith("FILE:"):
             start = data.read_text(start[5:], "the prompt file", "--start FILE:path to")
+        else:
+            start = typed(start)
         if not start:
             raise ValueError("--start is empty: give it a character or more, or leave it out for the "
                              "default prompt")

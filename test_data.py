@@ -1,5 +1,6 @@
 """Tests of reading texts and token ids into a run."""
 import os
+import re
 import time
 
 import numpy as np
@@ -153,11 +154,14 @@ def test_a_text_with_a_nul_is_refused_at_the_chunk_that_holds_it_and_one_of_too_
         data.encode_file(str(tmp_path / "t.txt"))
 
 
-def test_a_context_too_long_for_the_held_out_tokens_is_refused_with_the_fix_that_can_work():
-    """Lowering --block_size helps where 2 tokens or more are held out; under that only more data does, and the
-    least that fits is said: 11 tokens, the first with 2 held out."""
-    for n, block_size, fix in ((100, 10, "lower --block_size, or give more data"), (10, 1, "give more data")):
-        with pytest.raises(ValueError, match=f"--block_size {block_size} is too long for the .*: {fix}") as raised:
-            data.check_block_size(block_size, list(range(n)))
-        assert "lower" not in str(raised.value) or n == 100
-    data.check_block_size(1, list(range(11)))  # the least that fits, as the message says
+@pytest.mark.parametrize("n, block_size", [(100, 10), (10, 1), (10, 256), (2560, 256), (0, 1)])
+def test_a_context_too_long_for_the_held_out_tokens_is_refused_with_the_fixes_that_work(n, block_size):
+    """The message names the least data that fits the context, which does fit it; and lowering --block_size only
+    where 2 tokens or more are held out, as a context of 1 needs."""
+    with pytest.raises(ValueError, match=f"--block_size {block_size} is too long for the ") as raised:
+        data.check_block_size(block_size, list(range(n)))
+    least = int(re.search(r"give ([\d,]+) tokens or more", str(raised.value)).group(1).replace(",", ""))
+    data.check_block_size(block_size, list(range(least)))
+    with pytest.raises(ValueError):
+        data.check_block_size(block_size, list(range(least - 1)))
+    assert str(raised.value).endswith(", or lower --block_size") == (len(gpt.split(list(range(n)))["val"]) > 1)

@@ -56,9 +56,10 @@ def test_train_then_sample_end_to_end(tmp_path, capsys):
     (["--seed", str(2 ** 63)], "argument --seed: seed must be in [0, 4294967295], not 9223372036854775808"),
     (["--start", "\u00e9"], "characters not in the vocabulary: '\u00e9'"),
     (["--start", ""], "--start is empty: give it a character or more"),
-    # Bytes the locale did not read come as surrogates: é's two under LC_ALL=C, and bytes that are no UTF-8.
+    # Bytes the locale did not read come as surrogates: é's two under LC_ALL=C with PYTHONUTF8=0, and bytes that are
+    # no UTF-8 under any locale.
     (["--start", "RO\udcc3\udca9"], "characters not in the vocabulary: '\u00e9'"),
-    (["--start", "RO\udced\udca0\udc80"], "--start is not UTF-8 text (its byte 3 cannot start or go on a character)"),
+    (["--start", "RO\udced\udca0\udc80"], "--start is not UTF-8 text (its bytes from byte 3 are no character)"),
     (["--start", "FILE:/no/such/file"], "cannot read the prompt file /no/such/file (No such file"),
     (["--start", "FILE:FOLDER"], "cannot read the prompt file"),
     (["--start", "FILE:BINARY"], "(it is not UTF-8 text): pass --start FILE:path to a UTF-8 text file"),
@@ -214,3 +215,14 @@ def test_the_seed_help_speaks_of_the_draws_sampling_takes(capsys):
     said = " ".join(capsys.readouterr().out.split("options:")[1].split())
     seed = said[said.index("--seed SEED"):said.index("--device DEVICE")]
     assert "draws" in seed and "batches" not in seed and "(default: 1337)" in seed, seed
+
+
+def test_a_prompt_is_read_as_the_locale_gave_it_and_a_prompt_file_by_any_name(tmp_path, trained_dir, capsys):
+    """Only bytes the locale could not read (surrogates) are read again as UTF-8: a character a Latin-1 locale read
+    stays itself, and a FILE: path is a file's name, which need not be UTF-8."""
+    assert sample.typed("RO\u00e9") == "RO\u00e9" and sample.typed("RO\udcc3\udca9") == "RO\u00e9"
+    path = os.path.join(os.fsencode(tmp_path), b"prompt \xe9.txt")  # a Latin-1 name
+    Path(os.fsdecode(path)).write_text("ROMEO:", encoding="utf-8")
+    sample.main(["--out_dir", trained_dir, "--start", "FILE:" + os.fsdecode(path), "--max_new_tokens", "3",
+                 "--num_samples", "1"])
+    assert capsys.readouterr().out.startswith("ROMEO:")

@@ -2,6 +2,7 @@
 import errno
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -309,7 +310,7 @@ def test_a_signal_in_the_closing_phase_is_honoured_with_its_exit_status(tmp_path
     assert exit_info.value.code == 143, out
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 8
     # The report, cut short, can be written later from the checkpoint: the line says how.
-    later = r"the report was cut short; saved iteration 8 to .*ckpt.pt: python sample.py --report --data DATA writes it"
+    later = r"the report was cut short; saved iteration 8 to .*ckpt.pt: python sample.py --report --out_dir .* --data"
     said = rf"SIGTERM: ({later}|(the evaluation was cut short; )?saved iteration 8)"
     assert re.search(said, out), out
 
@@ -701,13 +702,17 @@ def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(
 def test_a_run_stopped_after_an_evaluation_offers_the_report_that_sample_py_then_writes(tmp_path, monkeypatch, capsys):
     flags = tiny_flags(tmp_path)  # max_iters 8, eval_interval 4
     put_back = signal_at(monkeypatch, 8)  # in step 6, after iteration 4's evaluation
+    out_dir = tmp_path / "its out"  # a folder sample.py does not default to, and a name the shell splits
     with pytest.raises(SystemExit):
-        train.main(flags)
+        train.main([*flags, "--out_dir", str(out_dir)])
     out = capsys.readouterr().out
-    assert re.search(r"SIGTERM: saved iteration 6 to .*; continue with --resume; no report: python sample.py "
-                     r"--report --data DATA writes it\n", out), out
-    sample.main(["--report", "--data", str(tmp_path / "data.txt"), "--out_dir", str(tmp_path / "out")])
-    assert (tmp_path / "out" / "report.html").exists()
+    said = re.search(r"SIGTERM: saved iteration 6 to .*; continue with --resume; no report: (python sample.py "
+                     r"--report .* --data DATA) writes it\n", out)
+    assert said, out
+    # The command as offered, in the shell's words, with the text it trained on.
+    command = [str(tmp_path / "data.txt") if word == "DATA" else word for word in shlex.split(said.group(1))]
+    sample.main(command[2:])
+    assert (out_dir / "report.html").exists()
     # With no --out_dir there is no checkpoint to write it from: not offered either.
     put_back()
     signal_at(monkeypatch, 8)

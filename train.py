@@ -330,7 +330,7 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
         return None
     saved = checkpoint.saved(tc.out_dir, trainer.it)
     # A stop is bounded: sample.py --report writes the report later, from an evaluated checkpoint.
-    later = ": python sample.py --report --data DATA writes it" if trainer.history and tc.out_dir else ""
+    later = f": {checkpoint.report_later(tc.out_dir)} writes it" if trainer.history and tc.out_dir else ""
     if stop:
         go_on = checkpoint.saved(tc.out_dir, trainer.it, "; continue with --resume")
         log(f"{signal.Signals(stop).name}: {go_on}; no report{later}")
