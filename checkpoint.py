@@ -31,12 +31,28 @@ def path_in(out_dir):
     return os.path.join(out_dir, gpt.CHECKPOINT)
 
 
-def saved(out_dir, it, then=""):
-    """What a run that ends or stops at iteration it says of its checkpoint: where it is, then how
-    to go on from it; or that there is none, as a run without an out_dir saves nothing."""
-    if not out_dir:
-        return "no --out_dir, so nothing is saved"
-    return f"saved iteration {it} to {path_in(out_dir)}{then}"
+# What a run without an out_dir says of its checkpoint.
+NOTHING_SAVED = "no --out_dir, so nothing is saved"
+
+
+def saved(trainer, go_on=""):
+    """What a run that ends or stops says of its checkpoint: the iteration saved and where, then
+    go_on, how to go on from it, where anything is left to do."""
+    if not trainer.tc.out_dir:
+        return NOTHING_SAVED
+    # A run done, its last evaluation saved, has nothing left to go on with.
+    if trainer.done() and not evaluation_pending(trainer):
+        go_on = ""
+    return f"saved iteration {trainer.it} to {path_in(trainer.tc.out_dir)}{go_on}"
+
+
+def as_it_was(trainer):
+    """What a run stopped at once, a save cut short, says it left: its last checkpoint, or none."""
+    if not trainer.tc.out_dir:
+        return NOTHING_SAVED
+    if not os.path.exists(path_in(trainer.tc.out_dir)):
+        return "nothing is saved yet"
+    return "the last checkpoint is as it was"
 
 
 def report_later(out_dir):

@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import re
+import signal
 import sys
 
 import torch
@@ -215,6 +216,9 @@ def end(code, world):
         if isinstance(code, str):
             cli.silence_stdout()
         if code:
+            # As the process ends, a Ctrl-C (a second, after a stop) would break into Python's
+            # shutdown with a traceback.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             sys.exit(code)
         return
     cli.silence_stdout()

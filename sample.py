@@ -10,6 +10,8 @@ try:
     import itertools
     import math
     import os
+    import shlex
+    import signal
 
     # NumPy before torch: a Ctrl-C inside torch's own import of it is swallowed, or breaks it.
     import numpy
@@ -165,7 +167,8 @@ def write_report(model, tokenizer, ckpt, path, args, device):
     tc = checkpoint.recorded_config(ckpt, path, model.config, device, advice)
     history = checkpoint.evaluations(ckpt, path, advice)
     if not history:
-        raise ValueError(f"{path} holds no evaluation yet: train it past its first eval_interval")
+        raise ValueError(f"{path} holds no evaluation yet: train it on to its first, python train.py "
+                         f"--resume --out_dir {shlex.quote(args.out_dir)} --data {shlex.quote(args.data)}")
     if not data.is_ids(data.DataFile(args.data)):
         checkpoint.needs_tokenizer(tokenizer, path, ": give --data its .bin of token ids")
     data_file = checkpoint.data_as_recorded(ckpt, data.DataFile(args.data, args.dtype), path, advice, its_own=True)
@@ -221,6 +224,8 @@ def main(argv=None):
         print_samples(model, tokenizer, start, args, device)
     # Stop sampling without a traceback.
     except KeyboardInterrupt:
+        # As the process ends, a second Ctrl-C would break into Python's shutdown with a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print()
         sys.exit(130)
     except BrokenPipeError:

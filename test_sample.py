@@ -1,6 +1,7 @@
 """Tests of sample.py."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import types
@@ -226,3 +227,13 @@ def test_a_prompt_is_read_as_the_locale_gave_it_and_a_prompt_file_by_any_name(tm
     sample.main(["--out_dir", trained_dir, "--start", "FILE:" + os.fsdecode(path), "--max_new_tokens", "3",
                  "--num_samples", "1"])
     assert capsys.readouterr().out.startswith("ROMEO:")
+
+
+def test_ctrl_c_while_sampling_ignores_a_second_as_python_shuts_down(trained_dir, monkeypatch, capsys):
+    """A second Ctrl-C just after the first landed in Python's shutdown (torch's atexit hooks) as a traceback."""
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sample, "print_samples", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        sample.main(["--out_dir", trained_dir])
+    assert exit_info.value.code == 130 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN

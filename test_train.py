@@ -696,7 +696,10 @@ def test_a_stop_is_bounded_it_saves_the_step_and_leaves_the_report_to_sample_py(
     assert "val loss" not in out and not (tmp_path / "out" / "report.html").exists()
     message = one_line_error(capsys, sample, "--report", "--data", str(tmp_path / "data.txt"), "--out_dir",
                              str(tmp_path / "out"))
-    assert "holds no evaluation yet" in message, message
+    assert "holds no evaluation yet: train it on to its first, python train.py --resume" in message, message
+    # The command it offers trains the run on, here to an end near at hand, with a short evaluation, and its report.
+    train.main([*shlex.split(message.split("python train.py ")[1]), "--max_iters", "6", "--eval_iters", "2"])
+    assert "val loss" in capsys.readouterr().out and (tmp_path / "out" / "report.html").exists()
 
 
 def test_a_run_stopped_after_an_evaluation_offers_the_report_that_sample_py_then_writes(tmp_path, monkeypatch, capsys):
@@ -892,3 +895,42 @@ def test_a_path_with_a_control_character_keeps_the_reason_and_the_advice(tmp_pat
     message = one_line_error(capsys, train, "--data", str(folder), "--out_dir", str(tmp_path / "out"))
     assert message.endswith("(it is a folder): pass --data a file") and shown in message, message
     assert not any(unicodedata.category(c) == "Cc" for c in message), message
+
+
+def test_a_run_that_ends_its_process_ignores_a_further_ctrl_c_as_python_shuts_down(tmp_path, monkeypatch):
+    """A second Ctrl-C just after a stop landed in Python's shutdown (torch's atexit hooks) as a traceback."""
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    train.main(tiny_flags(tmp_path))  # a run that ends well returns, its process not ended here
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    signal_at(monkeypatch, 3)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*tiny_flags(tmp_path), "--out_dir", str(tmp_path / "stopped")])
+    assert exit_info.value.code == 143 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_stop_in_the_last_save_offers_no_resume_and_a_second_signal_in_the_first_save_says_nothing_is_saved(
+        tmp_path, monkeypatch, capsys):
+    """A run whose last evaluation is saved is done: nothing to resume. A second signal that cuts a run's first save
+    short leaves no checkpoint, which its line says, not that the last one is as it was."""
+    real = gpt.Trainer.save
+
+    def signalled_save(self, at, times):
+        if self.it == at:
+            for _ in range(times):
+                signal.raise_signal(signal.SIGTERM)
+        real(self)
+
+    monkeypatch.setattr(gpt.Trainer, "save", lambda self: signalled_save(self, 8, 1))  # the last save, once
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(tiny_flags(tmp_path))  # max_iters 8
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 143 and re.search(r"\nSIGTERM: saved iteration 8 to .*ckpt.pt; no report: python "
+                                                     r"sample.py --report", out), out
+    assert "--resume" not in out and torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter"] == 8
+    monkeypatch.setattr(gpt.Trainer, "save", lambda self: signalled_save(self, 0, 2))  # the first save, twice
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*tiny_flags(tmp_path), "--out_dir", str(tmp_path / "first")])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 143 and out.endswith("SIGTERM, a second signal: stopped at once; nothing is saved "
+                                                        "yet\n"), out
+    assert not (tmp_path / "first" / "ckpt.pt").exists()

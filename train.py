@@ -293,7 +293,7 @@ def cut_short(trainer, caught, log):
     RuntimeError of its writer, cut short); one during an evaluation saves the run as it stood before
     it (an evaluation reads fixed windows, drawing no batch). Returns the signal."""
     if len(caught) > 1:
-        log(f"{signal.Signals(caught[-1]).name}, a second signal: stopped at once; the last checkpoint is as it was")
+        log(f"{signal.Signals(caught[-1]).name}, a second signal: stopped at once; {checkpoint.as_it_was(trainer)}")
         return caught[-1]
     try:
         trainer.save()
@@ -301,7 +301,7 @@ def cut_short(trainer, caught, log):
         if len(caught) > 1:
             return cut_short(trainer, caught, log)
         raise failure(e, trainer) from None
-    saved = checkpoint.saved(trainer.tc.out_dir, trainer.it, "; continue with --resume, which runs it first")
+    saved = checkpoint.saved(trainer, "; continue with --resume, which runs it first")
     log(f"{signal.Signals(caught[-1]).name}: the evaluation was cut short; {saved}")
     return caught[-1]
 
@@ -328,11 +328,11 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
         bound = "--max_time" if tc.max_time else "--max_iters or --max_time"
         log(f"nothing to train: {path} is at iteration {trainer.it}; raise {bound} to go on")
         return None
-    saved = checkpoint.saved(tc.out_dir, trainer.it)
+    saved = checkpoint.saved(trainer)
     # A stop is bounded: sample.py --report writes the report later, from an evaluated checkpoint.
     later = f": {checkpoint.report_later(tc.out_dir)} writes it" if trainer.history and tc.out_dir else ""
     if stop:
-        go_on = checkpoint.saved(tc.out_dir, trainer.it, "; continue with --resume")
+        go_on = checkpoint.saved(trainer, "; continue with --resume")
         log(f"{signal.Signals(stop).name}: {go_on}; no report{later}")
         return stop
     log(f"{saved} ({trainer.elapsed:.0f} s of training)")
