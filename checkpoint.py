@@ -52,7 +52,7 @@ def as_it_was(trainer):
         return NOTHING_SAVED
     if not os.path.exists(path_in(trainer.tc.out_dir)):
         return "nothing is saved yet"
-    return "the last checkpoint is as it was"
+    return f"the last checkpoint in {trainer.tc.out_dir} is as it was"
 
 
 def report_later(out_dir):

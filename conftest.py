@@ -181,15 +181,6 @@ def signal_after_line(monkeypatch, signum, prefix="iter 3/"):
     monkeypatch.setattr(report.Progress, "line", line_then_signal)
 
 
-@pytest.fixture(autouse=True)
-def ctrl_c_as_it_was():
-    """A command line's main() that ends its process on a stop ignores Ctrl-C from there on (distributed.end): a
-    test that ran one gives this process its handler back."""
-    before = signal.getsignal(signal.SIGINT)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 @pytest.fixture(scope="session")
 def trained_dir(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("trained")

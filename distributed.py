@@ -4,6 +4,7 @@ per optimizer step, and a lost process reported in one line.
 
     torchrun --standalone --nproc_per_node=N train.py [options]
 """
+import atexit
 import contextlib
 import dataclasses
 import math
@@ -15,6 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import checkpoint
 import cli
 import gpt
 
@@ -199,8 +201,7 @@ def lost_peer(error, trainer, rank, world):
     if not (world > 1 and (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text)):
         return None
     when = "while setting up" if trainer is None else f"at iteration {trainer.it}"
-    out_dir = "" if trainer is None else trainer.tc.out_dir
-    kept = f"; the last checkpoint in {out_dir} is as it was" if out_dir else ""
+    kept = "" if trainer is None else f"; {checkpoint.as_it_was(trainer)}"
     # Gloo's line, less the source file it names and the advice after its first sentence.
     reason = re.sub(r"^\[[^\]]*\]\s*", "", text.strip()).split(". ")[0][:160]
     return Failed(f"process {rank} of {world} lost touch with the others {when} ({reason}): another process "
@@ -213,12 +214,13 @@ def end(code, world):
     group left, ends at once: Gloo's threads, torn down with the interpreter, aborted it now and
     then (SIGABRT) after a fault all processes had agreed on."""
     if world == 1:
+        # A Ctrl-C (a second, after a stop) while Python shuts the process down would break into
+        # torch's exit hooks with a traceback. Registered last, this runs first of them, and only
+        # as the interpreter ends: a caller that goes on keeps its Ctrl-C.
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
         if isinstance(code, str):
             cli.silence_stdout()
         if code:
-            # As the process ends, a Ctrl-C (a second, after a stop) would break into Python's
-            # shutdown with a traceback.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             sys.exit(code)
         return
     cli.silence_stdout()

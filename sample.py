@@ -7,6 +7,7 @@ See --help for every option.
 import sys
 
 try:
+    import atexit
     import itertools
     import math
     import os
@@ -167,8 +168,9 @@ def write_report(model, tokenizer, ckpt, path, args, device):
     tc = checkpoint.recorded_config(ckpt, path, model.config, device, advice)
     history = checkpoint.evaluations(ckpt, path, advice)
     if not history:
-        raise ValueError(f"{path} holds no evaluation yet: train it on to its first, python train.py "
-                         f"--resume --out_dir {shlex.quote(args.out_dir)} --data {shlex.quote(args.data)}")
+        raise ValueError(f"{path} holds no evaluation yet: its run evaluates every eval_interval steps; go "
+                         f"on with python train.py --resume --out_dir {shlex.quote(args.out_dir)} --data "
+                         f"{shlex.quote(args.data)}")
     if not data.is_ids(data.DataFile(args.data)):
         checkpoint.needs_tokenizer(tokenizer, path, ": give --data its .bin of token ids")
     data_file = checkpoint.data_as_recorded(ckpt, data.DataFile(args.data, args.dtype), path, advice, its_own=True)
@@ -184,6 +186,10 @@ def write_report(model, tokenizer, ckpt, path, args, device):
 
 
 def main(argv=None):
+    # A Ctrl-C (a second, after a first) while Python shuts the process down would break into
+    # torch's exit hooks with a traceback. Registered last, this runs first of them, and only as
+    # the interpreter ends: a caller that goes on keeps its Ctrl-C.
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
     args = parse_args(argv)
     # Started with its output closed (python sample.py >&-), print() would print nothing, silently.
     if sys.stdout is None and not args.report:
@@ -224,8 +230,6 @@ def main(argv=None):
         print_samples(model, tokenizer, start, args, device)
     # Stop sampling without a traceback.
     except KeyboardInterrupt:
-        # As the process ends, a second Ctrl-C would break into Python's shutdown with a traceback.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print()
         sys.exit(130)
     except BrokenPipeError:

@@ -1,4 +1,5 @@
 """Tests of sample.py."""
+import atexit
 import os
 import re
 import signal
@@ -230,10 +231,16 @@ def test_a_prompt_is_read_as_the_locale_gave_it_and_a_prompt_file_by_any_name(tm
 
 
 def test_ctrl_c_while_sampling_ignores_a_second_as_python_shuts_down(trained_dir, monkeypatch, capsys):
-    """A second Ctrl-C just after the first landed in Python's shutdown (torch's atexit hooks) as a traceback."""
+    """A second Ctrl-C just after the first landed in torch's exit hooks as a traceback: at the interpreter's exit,
+    before them, Ctrl-C is ignored; a caller that goes on (here, the tests) keeps its handler."""
+    at_exit = []
+    monkeypatch.setattr(atexit, "register", lambda *call: at_exit.append(call))
+    before = signal.getsignal(signal.SIGINT)
+
     def interrupted(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(sample, "print_samples", interrupted)
     with pytest.raises(SystemExit) as exit_info:
         sample.main(["--out_dir", trained_dir])
-    assert exit_info.value.code == 130 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert exit_info.value.code == 130 and signal.getsignal(signal.SIGINT) is before
+    assert at_exit == [(signal.signal, signal.SIGINT, signal.SIG_IGN)], at_exit
