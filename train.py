@@ -332,8 +332,8 @@ def close(trainer, ended, stop, tokens_per_step, world, log):
     # A stop is bounded: sample.py --report writes the report later, from an evaluated checkpoint.
     later = f": {checkpoint.report_later(tc.out_dir)} writes it" if trainer.history and tc.out_dir else ""
     if stop:
-        go_on = checkpoint.saved(trainer, "; continue with --resume")
-        log(f"{signal.Signals(stop).name}: {go_on}; no report{later}")
+        kept = checkpoint.saved(trainer, "; continue with --resume")
+        log(f"{signal.Signals(stop).name}: {kept}; no report{later}")
         return stop
     log(f"{saved} ({trainer.elapsed:.0f} s of training)")
     # The report shows the evaluations: a run stopped before its first has none to show.
