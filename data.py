@@ -49,6 +49,9 @@ def read_text(path, what="the data file", flag="--data"):
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
         raise ValueError(f"cannot read {what} {path} ({reason}): pass {flag} a UTF-8 text file") from None
+    except MemoryError:
+        raise ValueError(f"{what} {path} is more than this machine's memory holds: pass {flag} a smaller "
+                         f"text") from None
     if not text:
         raise ValueError(f"{what} {path} is empty: pass {flag} a text with something in it")
     if "\0" in text:

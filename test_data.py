@@ -1,4 +1,5 @@
 """Tests of reading texts and token ids into a run."""
+import io
 import os
 import re
 import time
@@ -165,3 +166,20 @@ def test_a_context_too_long_for_the_held_out_tokens_is_refused_with_the_fixes_th
     with pytest.raises(ValueError):
         data.check_block_size(block_size, list(range(least - 1)))
     assert str(raised.value).endswith(", or lower --block_size") == (len(gpt.split(list(range(n)))["val"]) > 1)
+
+
+def test_a_text_larger_than_the_memory_is_refused_by_name_not_as_the_model_s_fault(tmp_path, trained_dir, monkeypatch,
+                                                                                     capsys):
+    """A --start FILE: of 40 GB ended in sample.py's advice for a model too large ("sample on another --device")."""
+    path = tmp_path / "huge.txt"
+    path.write_text("ROMEO", encoding="utf-8")
+
+    class Huge(io.StringIO):
+        def read(self, *args):
+            raise MemoryError
+    # data.py's own open: this file reads as too large for the memory, every other file as it is.
+    monkeypatch.setattr(data, "open", lambda file, *args, **kwargs: Huge() if str(file) == str(path) else open(
+        file, *args, **kwargs), raising=False)
+    message = one_line_error(capsys, sample, "--out_dir", trained_dir, "--start", f"FILE:{path}")
+    assert message == f"error: the prompt file {path} is more than this machine's memory holds: pass --start " \
+                      f"FILE:path to a smaller text", message
